@@ -1,0 +1,27 @@
+# The two quick-start commands: `make run` (set up, then server + worker) and `make test`
+# (set up, then the whole test suite). Both create ./.venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup run test bench clean
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+setup: $(BIN)/.installed
+
+run: setup
+	$(BIN)/trainyard up
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(BIN)/python -m bench.all
+
+clean:
+	rm -rf $(VENV) trainyard-data .pytest_cache

@@ -1,0 +1,104 @@
+"""Routes for jobs: submit, list, read, cancel, retry, metrics, artifact, result, logs."""
+from pathlib import Path
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Body, Header, HTTPException, Query, Response
+from fastapi.responses import FileResponse, PlainTextResponse
+
+from app import queue
+from app.api.deps import EngineDep, SettingsDep
+from app.api.schemas import JobPublic, JobsPublic, MetricPublic
+from app.spec import (JOB_KINDS, JOB_STATES, PREDICT_DATA_EXAMPLE, PREDICT_INPUTS_EXAMPLE, TRAIN_EXAMPLE, JobSpec)
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+EXAMPLES = {
+    "train": {"summary": "Train an MLP on Iris", "value": TRAIN_EXAMPLE},
+    "predict_inputs": {"summary": "Predict classes for rows of features", "value": PREDICT_INPUTS_EXAMPLE},
+    "predict_data": {"summary": "Evaluate on the validation split", "value": PREDICT_DATA_EXAMPLE},
+}
+
+
+@router.post("", status_code=201, response_model=JobPublic)
+def submit_job(spec: Annotated[JobSpec, Body(openapi_examples=EXAMPLES)], engine: EngineDep, response: Response,
+               idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JobPublic:
+    if spec.kind == "predict":
+        queue.check_predict(engine, spec)
+    job, created = queue.enqueue(engine, spec, idempotency_key)
+    if not created:
+        response.status_code = 200
+    return JobPublic.from_row(job)
+
+
+@router.get("", response_model=JobsPublic)
+def list_jobs(engine: EngineDep,
+              state: Annotated[Literal[JOB_STATES] | None, Query()] = None,  # type: ignore[valid-type]
+              kind: Annotated[Literal[JOB_KINDS] | None, Query()] = None,  # type: ignore[valid-type]
+              limit: Annotated[int, Query(ge=1, le=500)] = 50,
+              offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> JobsPublic:
+    rows, count = queue.list_jobs(engine, state=state, kind=kind, limit=limit, offset=offset)
+    return JobsPublic(data=[JobPublic.from_row(r) for r in rows], count=count, limit=limit, offset=offset)
+
+
+@router.get("/{job_id}", response_model=JobPublic)
+def get_job(job_id: int, engine: EngineDep) -> JobPublic:
+    return JobPublic.from_row(queue.get_job(engine, job_id))
+
+
+@router.post("/{job_id}/cancel", response_model=JobPublic)
+def cancel_job(job_id: int, engine: EngineDep) -> JobPublic:
+    return JobPublic.from_row(queue.cancel(engine, job_id))
+
+
+@router.post("/{job_id}/retry", response_model=JobPublic)
+def retry_job(job_id: int, engine: EngineDep) -> JobPublic:
+    return JobPublic.from_row(queue.retry(engine, job_id))
+
+
+@router.get("/{job_id}/metrics", response_model=list[MetricPublic])
+def job_metrics(job_id: int, engine: EngineDep) -> list[dict]:
+    return queue.get_metrics(engine, job_id)
+
+
+@router.get("/{job_id}/result")
+def job_result(job_id: int, engine: EngineDep) -> dict:
+    job = queue.get_job(engine, job_id)
+    if job["state"] != "succeeded":
+        raise HTTPException(409, f"job {job_id} is {job['state']}; a result exists once it has succeeded")
+    return job["result"]
+
+
+ARTIFACT_FILES = {"safetensors": "model.safetensors", "pt": "model.pt", "meta": "meta.json"}
+
+
+@router.get("/{job_id}/artifact", response_class=FileResponse,
+            responses={200: {"content": {"application/octet-stream": {}}, "description": "the trained state_dict"}})
+def job_artifact(job_id: int, engine: EngineDep, settings: SettingsDep,
+                 format: Literal["safetensors", "pt", "meta"] = "safetensors") -> FileResponse:
+    job = queue.get_job(engine, job_id)
+    if job["kind"] != "train":
+        raise HTTPException(404, f"job {job_id} is a {job['kind']} job; only train jobs have artifacts")
+    if job["state"] != "succeeded" or not job["artifact_path"]:
+        raise HTTPException(409, f"job {job_id} is {job['state']}; its artifact exists once it has succeeded")
+    path = inside(settings.data_dir, Path(job["artifact_path"]) / ARTIFACT_FILES[format])
+    if not path.is_file():
+        raise HTTPException(410, f"the artifact of job {job_id} is gone from the data directory")
+    name = ARTIFACT_FILES[format].replace("model", f"job-{job_id}-model").replace("meta", f"job-{job_id}-meta")
+    media = "application/json" if format == "meta" else "application/octet-stream"
+    return FileResponse(path, filename=name, media_type=media)
+
+
+@router.get("/{job_id}/logs", response_class=PlainTextResponse)
+def job_logs(job_id: int, engine: EngineDep, settings: SettingsDep) -> str:
+    queue.get_job(engine, job_id)
+    path = inside(settings.data_dir, Path("logs") / f"{job_id}.log")
+    return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+
+
+def inside(root: Path, rel: Path) -> Path:
+    """Resolve rel under root, refusing anything that would land outside it."""
+    base = root.resolve()
+    path = (base / rel).resolve()
+    if not path.is_relative_to(base):
+        raise HTTPException(400, "path outside the data directory")
+    return path

@@ -1,0 +1,38 @@
+"""Routes about the service itself: devices, workers, health."""
+from fastapi import APIRouter
+
+from app import devices, queue
+from app.api.deps import EngineDep, SettingsDep
+from app.api.schemas import WorkerPublic, ts
+
+router = APIRouter(tags=["system"])
+health_router = APIRouter(tags=["system"])
+
+
+@router.get("/devices")
+def get_devices(engine: EngineDep, settings: SettingsDep) -> dict:
+    """CUDA devices (from NVML, never a CUDA context in this process), their workers' torch allocator
+    stats (from heartbeats), and the CPU."""
+    workers, now = queue.list_workers(engine)
+    return devices.build_payload(devices.nvml_devices(), workers, now, devices.torch_build_info(),
+                                 devices.cpu_info(), stale_after_s=settings.lease_s)
+
+
+@router.get("/workers", response_model=list[WorkerPublic])
+def get_workers(engine: EngineDep, settings: SettingsDep, include_stopped: bool = False) -> list[WorkerPublic]:
+    workers, now = queue.list_workers(engine, include_stopped=include_stopped)
+    out = []
+    for w in workers:
+        age = max(0.0, now - w["last_heartbeat"])
+        state = "lost" if age > settings.lease_s and w["state"] != "stopped" else w["state"]
+        out.append(WorkerPublic(id=w["id"], host=w["host"], pid=w["pid"], device=w["device"], state=state,
+                                job_id=w["job_id"], started_at=ts(w["started_at"]),
+                                last_heartbeat=ts(w["last_heartbeat"]), last_heartbeat_age_s=round(age, 3),
+                                torch=(w["stats"] or {}).get("torch")))
+    return out
+
+
+@health_router.get("/healthz")
+def healthz(engine: EngineDep) -> dict:
+    queue.list_jobs(engine, limit=1)
+    return {"status": "ok"}

@@ -1,0 +1,141 @@
+"""The database: engine factory (SQLite pragmas, write transactions), the tables, and the database clock.
+
+Everything here is dialect-neutral: the same tables and statements run on SQLite (the embedded
+default) and PostgreSQL (several hosts sharing one queue).
+"""
+from contextlib import contextmanager
+from typing import Iterator
+
+from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Index, Integer, MetaData, String,
+                        Table, Text, UniqueConstraint, create_engine, event)
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import FunctionElement
+from sqlalchemy.types import Float as FloatType
+
+metadata = MetaData()
+
+jobs = Table(
+    "jobs", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("kind", String(16), nullable=False),
+    Column("name", String(200)),
+    Column("state", String(16), nullable=False, index=True),
+    Column("spec", JSON, nullable=False),
+    Column("device_req", String(16), nullable=False),
+    Column("priority", Integer, nullable=False, default=0),
+    Column("max_attempts", Integer, nullable=False, default=3),
+    Column("timeout_s", Float),
+    Column("idempotency_key", String(200), unique=True),
+    # attempt counts runs that used up an attempt; claim is the fencing token: it grows on every
+    # claim, and every write a worker makes about the job is guarded by the claim it holds.
+    Column("attempt", Integer, nullable=False, default=0),
+    Column("claim", Integer, nullable=False, default=0),
+    Column("worker_id", String(200)),
+    Column("device", String(16)),
+    Column("lease_expires_at", Float),
+    Column("created_at", Float, nullable=False),
+    Column("started_at", Float),
+    Column("finished_at", Float),
+    Column("epoch", Integer),
+    Column("epochs", Integer),
+    Column("latest_metrics", JSON),
+    Column("peak_memory_allocated", BigInteger),
+    Column("peak_memory_reserved", BigInteger),
+    Column("checkpoint_path", Text),
+    Column("checkpoint_epoch", Integer),
+    Column("artifact_path", Text),
+    Column("result", JSON),
+    Column("error", JSON),
+    Column("errors", JSON),
+    Index("ix_jobs_claim_order", "state", "priority", "id"),
+)
+
+metrics = Table(
+    "metrics", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("data", JSON, nullable=False),
+    Column("created_at", Float, nullable=False),
+    UniqueConstraint("job_id", "epoch", name="uq_metrics_job_epoch"),
+)
+
+workers = Table(
+    "workers", metadata,
+    Column("id", String(200), primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("device", String(16), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("job_id", Integer),
+    Column("stats", JSON),
+    Column("started_at", Float, nullable=False),
+    Column("last_heartbeat", Float, nullable=False),
+)
+
+
+class db_now(FunctionElement):
+    """The database server's clock in epoch seconds: leases must not depend on each host's clock."""
+    type = FloatType()
+    inherit_cache = True
+
+
+@compiles(db_now, "sqlite")
+def _sqlite_now(element, compiler, **kw):
+    return "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+@compiles(db_now, "postgresql")
+def _pg_now(element, compiler, **kw):
+    return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False},
+                               pool_size=8, max_overflow=16)
+        _configure_sqlite(engine)
+    else:
+        engine = create_engine(url, pool_size=8, max_overflow=16, pool_pre_ping=True)
+    return engine
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        # Let us issue BEGIN ourselves, so writes can take the lock up front (BEGIN IMMEDIATE):
+        # a deferred transaction that later upgrades to a writer can fail with "database is
+        # locked" without waiting for the busy timeout.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection):
+        immediate = conn.get_execution_options().get("write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+@contextmanager
+def write(engine: Engine) -> Iterator[Connection]:
+    """A transaction that writes: takes SQLite's write lock at BEGIN; a plain transaction elsewhere."""
+    with engine.connect().execution_options(write=True) as conn:
+        with conn.begin():
+            yield conn
+
+
+@contextmanager
+def read(engine: Engine) -> Iterator[Connection]:
+    with engine.connect() as conn:
+        with conn.begin():
+            yield conn
+
+
+def create_all(engine: Engine) -> None:
+    metadata.create_all(engine)

@@ -1,0 +1,31 @@
+"""Shared fixtures: a fresh data dir per test, the live service, tiny job presets."""
+import pytest
+
+from tests.service import Service
+
+IRIS_JOB = {
+    "kind": "train", "name": "iris-mlp",
+    "model": {"arch": "mlp", "hidden": [8, 9]},
+    "data": {"dataset": "iris", "val_fraction": 0.2, "split_seed": 33},
+    "train": {"epochs": 100, "batch_size": 120, "optimizer": "adam", "lr": 0.01, "seed": 32},
+    "device": "auto",
+}
+
+
+def tiny_job(epochs: int = 2, **train) -> dict:
+    """A job that takes well under a second to train."""
+    return {"kind": "train", "model": {"arch": "mlp", "hidden": [8]}, "data": {"dataset": "iris"},
+            "train": {"epochs": epochs, "batch_size": 32, **train}, "device": "cpu"}
+
+
+def slow_job(epochs: int = 40, **train) -> dict:
+    """A job that trains for several seconds and checkpoints every epoch (for crash tests)."""
+    return {"kind": "train", "model": {"arch": "cnn", "channels": [16, 32]}, "data": {"dataset": "digits"},
+            "train": {"epochs": epochs, "batch_size": 16, "lr": 0.001, **train}, "device": "cpu"}
+
+
+@pytest.fixture
+def service(tmp_path):
+    svc = Service(tmp_path / "data").start_server()
+    yield svc
+    svc.stop()

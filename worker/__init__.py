@@ -1,0 +1,1 @@
+"""The trainyard worker: claims jobs from the queue and runs them on one device."""

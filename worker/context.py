@@ -1,0 +1,38 @@
+"""What a running job gets from its runner: its device, its paths, and a channel to report through.
+
+The training and inference code only sees this object, never the database or the supervisor,
+so it can be run and tested in-process on the CPU.
+"""
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+
+class JobError(Exception):
+    """The job cannot run as specified (the spec does not fit the data, the loss diverged...): not retried."""
+
+
+class Preempted(Exception):
+    """The worker asked the job to stop; it has checkpointed and should be requeued."""
+
+
+@dataclass
+class JobContext:
+    job_id: int
+    device: torch.device
+    data_dir: Path
+    # Where this attempt writes its artifact (model.safetensors, model.pt, meta.json); created by the runner.
+    artifact_dir: Path
+    # Where this attempt writes its checkpoint (atomically); resume_path is an earlier attempt's, if any.
+    checkpoint_path: Path
+    resume_path: Path | None = None
+    # Sends one event to the supervisor, e.g. {"type": "epoch", ...}; see worker/runner.py.
+    emit: Callable[[dict[str, Any]], None] = lambda event: None
+    # True once the worker is shutting down: checkpoint at the next step boundary, then raise Preempted.
+    stop_requested: Callable[[], bool] = lambda: False
+    notes: list[str] = field(default_factory=list)
+
+    def log(self, line: str) -> None:
+        self.emit({"type": "log", "line": line})

@@ -1,0 +1,300 @@
+"""The worker supervisor: register, claim, start a job process, heartbeat, cancel, finish, shut down.
+
+One supervisor serves one device. It never imports torch and never initialises CUDA: jobs run in
+child processes forked from a fork server that preloads torch (see worker/runner.py). Signal
+handlers only set flags; the loop does the work.
+"""
+import logging
+import multiprocessing as mp
+import os
+import secrets
+import shutil
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app import devices as device_info
+from app import queue
+from app.db import create_all, make_engine
+from app.settings import Settings
+from worker import runner_entry
+
+log = logging.getLogger("trainyard.worker")
+
+# How often a running job's row is re-read: a cancel must stop the job process within 2 seconds.
+FENCE_CHECK_S = 0.25
+# Time a cancelled or timed-out job process gets to exit on SIGTERM before SIGKILL.
+KILL_GRACE_S = 1.0
+
+
+def _mp_context() -> mp.context.BaseContext:
+    # A fork server with torch preloaded: a plain fork of a process that touched CUDA is unsafe,
+    # and spawn would pay for `import torch` on every job.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["worker.runner"])
+    return ctx
+
+
+@dataclass
+class Running:
+    job: dict[str, Any]
+    proc: Any
+    conn: Any
+    started: float
+    outcome: str | None = None          # succeeded / failed / requeued / lost
+    stop_reason: str | None = None      # why we are stopping the process, if we are
+    stop_deadline: float | None = None
+    events: int = 0
+    log_path: Path | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Worker:
+    def __init__(self, settings: Settings, device: str = "auto", burst: bool = False,
+                 max_jobs: int | None = None):
+        self.settings = settings
+        self.device = resolve_device(device)
+        self.burst = burst
+        self.max_jobs = max_jobs
+        self.engine = make_engine(settings.db_url)
+        self.id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.stopping = False
+        self.signals = 0
+        self.jobs_done = 0
+        self.stats: dict[str, Any] = {}
+        self._next_beat = 0.0
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signals += 1
+        self.stopping = True
+
+    def run(self) -> int:
+        self.settings.ensure_dirs()
+        create_all(self.engine)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        self.ctx = _mp_context()
+        self.stats = {"build": self._warm_up(), "device_info": device_info.worker_device_info(self.device)}
+        queue.register_worker(self.engine, self.id, socket.gethostname(), os.getpid(), self.device, self.stats)
+        log.info("worker %s on %s ready", self.id, self.device)
+        idle_sleep = self.settings.poll_s
+        try:
+            while not self.stopping:
+                self._housekeeping(state="idle", job_id=None)
+                job = queue.claim(self.engine, self.id, self.device, self.settings.lease_s) \
+                    if queue.has_work(self.engine, self.device) else None
+                if job is None:
+                    if self.burst:
+                        break
+                    time.sleep(idle_sleep)
+                    continue
+                self.run_job(job)
+                self.jobs_done += 1
+                if self.max_jobs is not None and self.jobs_done >= self.max_jobs:
+                    break
+        finally:
+            queue.worker_heartbeat(self.engine, self.id, "stopped", None)
+            self.engine.dispose()
+            log.info("worker %s stopped after %d jobs", self.id, self.jobs_done)
+        return 0
+
+    def _warm_up(self) -> dict:
+        """Start the fork server now (it imports torch once, not on the first job) and ask a child
+        what torch build the jobs will see."""
+        parent, child = self.ctx.Pipe(duplex=False)
+        p = self.ctx.Process(target=runner_entry.build_info, args=(child,))
+        p.start()
+        child.close()
+        info = parent.recv() if parent.poll(300) else {}
+        p.join()
+        parent.close()
+        return info
+
+    def _housekeeping(self, state: str, job_id: int | None) -> None:
+        now = time.monotonic()
+        if now < self._next_beat:
+            return
+        self._next_beat = now + self.settings.heartbeat_s
+        queue.worker_heartbeat(self.engine, self.id, state, job_id, self.stats)
+        for jid, new_state in queue.requeue_expired(self.engine):
+            log.warning("job %s lost its worker (lease expired): now %s", jid, new_state)
+
+    # -- one job ----------------------------------------------------------------------------------
+
+    def _paths(self, job: dict) -> dict[str, Any]:
+        data_dir = self.settings.data_dir
+        artifact_rel = Path("artifacts") / str(job["id"]) / f"run-{job['claim']}"
+        (data_dir / artifact_rel).mkdir(parents=True, exist_ok=True)
+        ckpt_rel = Path("checkpoints") / str(job["id"]) / f"run-{job['claim']}.pt"
+        (data_dir / ckpt_rel.parent).mkdir(parents=True, exist_ok=True)
+        paths: dict[str, Any] = {
+            "artifact_dir": str(data_dir / artifact_rel), "artifact_rel": str(artifact_rel),
+            "checkpoint_path": str(data_dir / ckpt_rel), "checkpoint_rel": str(ckpt_rel),
+            "resume_path": str(data_dir / job["checkpoint_path"]) if job.get("checkpoint_path") else None,
+        }
+        if job["kind"] == "predict":
+            model_job = queue.get_job(self.engine, job["spec"]["model_job"])
+            paths["model_dir"] = str(data_dir / (model_job["artifact_path"] or "missing"))
+            paths["model_spec"] = model_job["spec"]
+        return paths
+
+    def run_job(self, job: dict) -> None:
+        log_dir = self.settings.data_dir / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            paths = self._paths(job)
+        except Exception as exc:  # e.g. the model job was deleted: the job's own problem
+            queue.fail(self.engine, job["id"], job["claim"],
+                       {"class": queue.JOB_ERROR, "type": type(exc).__name__, "message": str(exc)})
+            return
+        parent_conn, child_conn = self.ctx.Pipe(duplex=False)
+        proc = self.ctx.Process(target=runner_entry.run, name=f"trainyard-job-{job['id']}",
+                                args=(job, self.device, str(self.settings.data_dir), paths, child_conn))
+        proc.start()
+        child_conn.close()
+        run = Running(job=job, proc=proc, conn=parent_conn, started=time.monotonic(),
+                      log_path=log_dir / f"{job['id']}.log", extra=paths)
+        self._log(run, f"attempt {job['attempt']} (run {job['claim']}) on {self.id} ({self.device})")
+        self._supervise(run)
+        parent_conn.close()
+        if run.outcome == "succeeded":
+            shutil.rmtree(self.settings.data_dir / "checkpoints" / str(job["id"]), ignore_errors=True)
+
+    def _supervise(self, run: Running) -> None:
+        job_id, claim_no = run.job["id"], run.job["claim"]
+        next_fence = next_renew = time.monotonic()
+        timeout = run.job.get("timeout_s")
+        while True:
+            self._drain(run, wait=0.05)
+            if run.outcome is not None:
+                break
+            now = time.monotonic()
+            if not run.proc.is_alive():
+                self._drain(run, wait=0)
+                if run.outcome is None:
+                    self._child_died(run)
+                break
+            if self.stopping and run.stop_reason is None:
+                self._begin_stop(run, "shutdown", self.settings.grace_s)
+            if timeout and now - run.started > timeout and run.stop_reason is None:
+                self._begin_stop(run, "timeout", KILL_GRACE_S)
+            if run.stop_deadline is not None and now > run.stop_deadline:
+                self._kill(run)
+            if now >= next_fence:
+                next_fence = now + FENCE_CHECK_S
+                if not queue.still_ours(self.engine, job_id, claim_no):
+                    self._lost(run)
+                    break
+            if now >= next_renew:
+                next_renew = now + self.settings.heartbeat_s
+                if not queue.renew(self.engine, job_id, claim_no, self.settings.lease_s):
+                    self._lost(run)
+                    break
+                self._housekeeping(state="busy", job_id=job_id)
+        run.proc.join(timeout=5)
+
+    def _begin_stop(self, run: Running, reason: str, grace: float) -> None:
+        run.stop_reason = reason
+        run.stop_deadline = time.monotonic() + grace
+        self._log(run, f"stopping the job process ({reason})")
+        if run.proc.is_alive():
+            os.kill(run.proc.pid, signal.SIGTERM)
+
+    def _kill(self, run: Running) -> None:
+        if run.proc.is_alive():
+            run.proc.kill()
+        run.proc.join(timeout=5)
+
+    def _stop_now(self, run: Running) -> None:
+        if run.proc.is_alive():
+            os.kill(run.proc.pid, signal.SIGTERM)
+            run.proc.join(timeout=KILL_GRACE_S)
+        self._kill(run)
+
+    def _lost(self, run: Running) -> None:
+        """The job was cancelled or taken over by another worker: stop our copy, write nothing."""
+        self._stop_now(run)
+        run.outcome = "lost"
+        self._log(run, "job is no longer ours (cancelled or taken over): process stopped")
+
+    def _child_died(self, run: Running) -> None:
+        code = run.proc.exitcode
+        job_id, claim_no = run.job["id"], run.job["claim"]
+        if run.stop_reason == "shutdown":
+            queue.requeue_preempted(self.engine, job_id, claim_no)
+            run.outcome = "requeued"
+            return
+        if run.stop_reason == "timeout":
+            error = {"class": queue.TIMEOUT, "type": "Timeout",
+                     "message": f"the job ran past its timeout_s of {run.job['timeout_s']} s and was stopped"}
+        else:
+            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+            error = {"class": queue.INFRASTRUCTURE, "type": "JobProcessDied",
+                     "message": f"the job process {how} without reporting a result"}
+        self._log(run, f"{error['type']}: {error['message']}")
+        run.outcome = queue.fail(self.engine, job_id, claim_no, error) or "lost"
+
+    def _drain(self, run: Running, wait: float) -> None:
+        try:
+            while run.outcome is None and run.conn.poll(wait):
+                wait = 0
+                self._handle(run, run.conn.recv())
+        except (EOFError, OSError):
+            pass  # the job process is gone; _supervise notices through is_alive()
+
+    def _handle(self, run: Running, event: dict) -> None:
+        job_id, claim_no = run.job["id"], run.job["claim"]
+        kind = event.get("type")
+        ok = True
+        if kind == "epoch":
+            data = {k: v for k, v in event.items() if k not in ("type", "epoch")}
+            ok = queue.record_epoch(self.engine, job_id, claim_no, event["epoch"], data)
+            mem = {k: event[k] for k in ("memory_allocated", "memory_reserved", "max_memory_allocated") if k in event}
+            if mem:
+                self.stats = {**self.stats, "torch": mem}
+        elif kind == "checkpoint":
+            rel = os.path.relpath(event["path"], self.settings.data_dir)
+            ok = queue.record_checkpoint(self.engine, job_id, claim_no, event["epoch"], rel)
+        elif kind == "log":
+            self._log(run, event["line"])
+        elif kind == "done":
+            artifact = run.extra["artifact_rel"] if run.job["kind"] == "train" else None
+            ok = queue.succeed(self.engine, job_id, claim_no, event["result"], artifact)
+            run.outcome = "succeeded"
+        elif kind == "error":
+            err = event["error"]
+            self._log(run, f"{err['type']}: {err['message']}\n{err.get('traceback', '')}")
+            tb = err.pop("traceback", None)
+            state = queue.fail(self.engine, job_id, claim_no, {**err, "traceback": tb})
+            ok = state is not None
+            run.outcome = state or "lost"
+        elif kind == "preempted":
+            ok = queue.requeue_preempted(self.engine, job_id, claim_no)
+            run.outcome = "requeued"
+            self._log(run, "checkpointed and requeued (worker shutting down)")
+        if not ok:
+            self._lost(run)
+
+    def _log(self, run: Running, line: str) -> None:
+        if run.log_path is not None:
+            with open(run.log_path, "a", encoding="utf-8") as f:
+                f.write(line.rstrip("\n") + "\n")
+
+
+def resolve_device(device: str) -> str:
+    """'auto' means the first CUDA device if the host has one, else the CPU (decided without CUDA init)."""
+    if device == "auto":
+        return "cuda:0" if device_info.visible_cuda_count() > 0 else "cpu"
+    if device == "cuda":
+        return "cuda:0"
+    return device
+
+
+def main(settings: Settings, device: str, burst: bool = False, max_jobs: int | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return Worker(settings, device, burst=burst, max_jobs=max_jobs).run()
