@@ -34,7 +34,7 @@ def _mp_context() -> mp.context.BaseContext:
     # A fork server with torch preloaded: a plain fork of a process that touched CUDA is unsafe,
     # and spawn would pay for `import torch` on every job.
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["worker.runner"])
+    ctx.set_forkserver_preload(["worker.runner", "worker.warm"])
     return ctx
 
 
@@ -159,7 +159,8 @@ class Worker:
         child_conn.close()
         run = Running(job=job, proc=proc, conn=parent_conn, started=time.monotonic(),
                       log_path=log_dir / f"{job['id']}.log", extra=paths)
-        self._log(run, f"attempt {job['attempt']} (run {job['claim']}) on {self.id} ({self.device})")
+        self._log(run, f"attempt {job['attempt']} (run {job['claim']}) on {self.id} ({self.device}), "
+                       f"job process pid {proc.pid}")
         self._supervise(run)
         parent_conn.close()
         if run.outcome == "succeeded":
@@ -223,21 +224,28 @@ class Worker:
         self._log(run, "job is no longer ours (cancelled or taken over): process stopped")
 
     def _child_died(self, run: Running) -> None:
+        """The job process exited without reporting a result."""
+        if run.stop_reason is not None:
+            return self._stopped(run)
         code = run.proc.exitcode
-        job_id, claim_no = run.job["id"], run.job["claim"]
-        if run.stop_reason == "shutdown":
-            queue.requeue_preempted(self.engine, job_id, claim_no)
-            run.outcome = "requeued"
-            return
-        if run.stop_reason == "timeout":
-            error = {"class": queue.TIMEOUT, "type": "Timeout",
-                     "message": f"the job ran past its timeout_s of {run.job['timeout_s']} s and was stopped"}
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        self._fail(run, {"class": queue.INFRASTRUCTURE, "type": "JobProcessDied",
+                         "message": f"the job process {how} without reporting a result"})
+
+    def _stopped(self, run: Running) -> None:
+        """The job process was stopped (it checkpointed first if it could): why decides what follows.
+        A SIGTERM we did not send (systemd, a container runtime signalling every process) is a shutdown."""
+        if run.stop_reason in (None, "shutdown"):
+            ok = queue.requeue_preempted(self.engine, run.job["id"], run.job["claim"])
+            run.outcome = "requeued" if ok else "lost"
+            self._log(run, "requeued without using an attempt (worker shutting down)")
         else:
-            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-            error = {"class": queue.INFRASTRUCTURE, "type": "JobProcessDied",
-                     "message": f"the job process {how} without reporting a result"}
+            self._fail(run, {"class": queue.TIMEOUT, "type": "Timeout",
+                             "message": f"the job ran past its timeout_s of {run.job['timeout_s']} s and was stopped"})
+
+    def _fail(self, run: Running, error: dict) -> None:
         self._log(run, f"{error['type']}: {error['message']}")
-        run.outcome = queue.fail(self.engine, job_id, claim_no, error) or "lost"
+        run.outcome = queue.fail(self.engine, run.job["id"], run.job["claim"], error) or "lost"
 
     def _drain(self, run: Running, wait: float) -> None:
         try:
@@ -267,16 +275,13 @@ class Worker:
             ok = queue.succeed(self.engine, job_id, claim_no, event["result"], artifact)
             run.outcome = "succeeded"
         elif kind == "error":
-            err = event["error"]
-            self._log(run, f"{err['type']}: {err['message']}\n{err.get('traceback', '')}")
-            tb = err.pop("traceback", None)
-            state = queue.fail(self.engine, job_id, claim_no, {**err, "traceback": tb})
-            ok = state is not None
-            run.outcome = state or "lost"
+            self._log(run, event["error"].get("traceback") or "")
+            self._fail(run, event["error"])
+            ok = run.outcome != "lost"
         elif kind == "preempted":
-            ok = queue.requeue_preempted(self.engine, job_id, claim_no)
-            run.outcome = "requeued"
-            self._log(run, "checkpointed and requeued (worker shutting down)")
+            self._log(run, "checkpointed at a step boundary")
+            self._stopped(run)
+            ok = run.outcome != "lost"
         if not ok:
             self._lost(run)
 

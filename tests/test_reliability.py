@@ -1,0 +1,213 @@
+"""Damage done for real: workers SIGKILLed, SIGSTOPped, SIGTERMed, jobs cancelled and timed out."""
+import os
+import re
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import slow_job, tiny_job
+
+
+def job_pids(service, job_id) -> list[int]:
+    with service.client() as c:
+        return [int(p) for p in re.findall(r"job process pid (\d+)", c.get(f"/jobs/{job_id}/logs").text)]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead too: it only waits for its parent to reap it.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_checkpoint(service, job_id, epoch: int) -> dict:
+    service.wait_until(lambda: (service.job(job_id)["checkpoint_epoch"] or 0) >= epoch, 120,
+                       f"job {job_id} to checkpoint epoch {epoch}")
+    return service.job(job_id)
+
+
+def metrics(service, job_id) -> list[dict]:
+    with service.client() as c:
+        return c.get(f"/jobs/{job_id}/metrics").json()
+
+
+def test_sigkill_worker_job_resumes_on_another_worker(service):
+    a = service.start_worker("cpu")
+    job = service.submit(slow_job(epochs=12))
+    before = wait_checkpoint(service, job["id"], 2)
+    os.kill(a.pid, signal.SIGKILL)
+    killed_at = service.job(job["id"])["checkpoint_epoch"]
+    assert killed_at >= before["checkpoint_epoch"]
+    service.start_worker("cpu")
+    done = service.wait_state(job["id"], timeout=240)
+    assert done["state"] == "succeeded", done
+    assert done["attempt"] == 2 and done["runs"] == 2
+    assert done["errors"][0]["class"] == "infrastructure" and done["errors"][0]["type"] == "LeaseExpired"
+    resumed = done["result"]["resumed_from_epoch"]
+    assert resumed is not None and resumed >= killed_at
+    history = metrics(service, job["id"])
+    assert [m["epoch"] for m in history] == list(range(1, 13))  # no gap, no duplicate
+    # The epochs before the checkpoint were not run again: their records are the first attempt's.
+    assert {m["attempt"] for m in history if m["epoch"] <= resumed} == {1}
+    assert {m["attempt"] for m in history if m["epoch"] > resumed} == {2}
+
+
+def test_sigstop_worker_loses_lease_and_its_late_writes_change_nothing(service):
+    a = service.start_worker("cpu")
+    job = service.submit(slow_job(epochs=10))
+    wait_checkpoint(service, job["id"], 1)
+    first_pid = job_pids(service, job["id"])[0]
+    os.kill(a.pid, signal.SIGSTOP)
+    try:
+        b = service.start_worker("cpu")
+        service.wait_until(lambda: service.job(job["id"])["runs"] == 2, 60, "the second worker to take the job")
+        taken = service.job(job["id"])
+        assert taken["state"] == "running" and f"-{a.pid}-" not in taken["worker_id"]
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    # The first worker wakes up, finds the job is no longer its own and stops its copy.
+    service.wait_until(lambda: not alive(first_pid), 10, "the stale job process to be stopped")
+    done = service.wait_state(job["id"], timeout=240)
+    assert done["state"] == "succeeded" and done["runs"] == 2
+    assert f"-{b.pid}-" in done["worker_id"]
+    history = metrics(service, job["id"])
+    assert [m["epoch"] for m in history] == list(range(1, 11))
+    assert history[-1]["attempt"] == 2
+    with service.client() as c:
+        meta = c.get(f"/jobs/{job['id']}/artifact", params={"format": "meta"})
+        assert meta.status_code == 200
+        assert "no longer ours" in c.get(f"/jobs/{job['id']}/logs").text
+    assert done["result"]["val_accuracy"] == history[-1]["val_accuracy"]
+    assert a.poll() is None  # the paused worker survived and goes on serving
+
+
+def test_sigterm_requeues_without_using_an_attempt(service):
+    a = service.start_worker("cpu")
+    job = service.submit(slow_job(epochs=10))
+    wait_checkpoint(service, job["id"], 1)
+    os.kill(a.pid, signal.SIGTERM)
+    assert a.wait(timeout=30) == 0
+    back = service.job(job["id"])
+    assert back["state"] == "queued" and back["attempt"] == 0 and back["runs"] == 1
+    service.start_worker("cpu")
+    done = service.wait_state(job["id"], timeout=240)
+    assert done["state"] == "succeeded" and done["attempt"] == 1 and done["runs"] == 2
+    assert done["result"]["resumed_from_epoch"] is not None
+    assert [m["epoch"] for m in metrics(service, job["id"])] == list(range(1, 11))
+
+
+def test_cancel_running_job_stops_its_process_and_worker_goes_on(service):
+    service.start_worker("cpu")
+    job = service.submit(slow_job(epochs=30))
+    service.wait_until(lambda: service.job(job["id"])["progress"]["epoch"] >= 1, 120, "first epoch")
+    pid = job_pids(service, job["id"])[0]
+    t0 = time.monotonic()
+    with service.client() as c:
+        r = c.post(f"/jobs/{job['id']}/cancel")
+    assert r.status_code == 200 and r.json()["state"] == "cancelled"
+    service.wait_until(lambda: not alive(pid), 2.0, "the cancelled job's process to exit")
+    assert time.monotonic() - t0 < 2.5
+    nxt = service.wait_state(service.submit(tiny_job())["id"], timeout=60)
+    assert nxt["state"] == "succeeded"
+    final = service.job(job["id"])
+    assert final["state"] == "cancelled" and final["error"]["class"] == "cancelled"
+
+
+def test_retry_resumes_a_cancelled_job_from_its_checkpoint(service):
+    service.start_worker("cpu")
+    job = service.submit(slow_job(epochs=8))
+    at = wait_checkpoint(service, job["id"], 2)["checkpoint_epoch"]
+    with service.client() as c:
+        assert c.post(f"/jobs/{job['id']}/cancel").status_code == 200
+        again = c.post(f"/jobs/{job['id']}/retry")
+        assert again.status_code == 200 and again.json()["state"] == "queued"
+    done = service.wait_state(job["id"], timeout=240)
+    assert done["state"] == "succeeded"
+    assert done["result"]["resumed_from_epoch"] >= at
+    assert [e["class"] for e in done["errors"]] == ["cancelled"]
+    assert [m["epoch"] for m in metrics(service, job["id"])] == list(range(1, 9))
+
+
+def test_timeout_fails_the_job(service):
+    service.start_worker("cpu")
+    job = service.submit({**slow_job(epochs=200), "timeout_s": 2})
+    done = service.wait_state(job["id"], timeout=60)
+    assert done["state"] == "failed" and done["error"]["class"] == "timeout"
+    assert "timeout_s" in done["error"]["message"] and done["attempt"] == 1
+
+
+def test_diverging_loss_fails_with_the_reason(service):
+    service.start_worker("cpu")
+    job = service.submit({**tiny_job(), "model": {"arch": "mlp", "hidden": [256, 256, 256]},
+                          "train": {"epochs": 20, "batch_size": 8, "optimizer": "sgd", "lr": 10.0, "momentum": 0.99}})
+    done = service.wait_state(job["id"], timeout=60)
+    assert done["state"] == "failed" and done["error"]["class"] == "job"
+    assert re.search(r"loss became (nan|inf)", done["error"]["message"])
+    assert done["attempt"] == 1 and len(done["errors"]) == 1  # not retried
+
+
+def test_four_workers_drain_200_jobs_while_the_api_is_busy(service):
+    for _ in range(4):
+        service.start_worker("cpu")
+    failures: list[str] = []
+    ids: list[int] = []
+    stop = threading.Event()
+
+    def submitter(n):
+        with service.client() as c:
+            for _ in range(n):
+                r = c.post("/jobs", json=tiny_job(epochs=1))
+                if r.status_code != 201:
+                    failures.append(r.text)
+                else:
+                    ids.append(r.json()["id"])
+
+    def reader():
+        with service.client() as c:
+            while not stop.is_set():
+                for path in ("/jobs?limit=50", "/devices", "/workers", f"/jobs/{ids[-1] if ids else 1}"):
+                    r = c.get(path)
+                    if r.status_code not in (200, 404):
+                        failures.append(f"{path}: {r.status_code} {r.text}")
+
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    submitters = [threading.Thread(target=submitter, args=(50,)) for _ in range(4)]
+    for t in readers + submitters:
+        t.start()
+    for t in submitters:
+        t.join()
+    try:
+        service.wait_until(lambda: httpx.get(f"{service.url}/jobs", params={"state": "succeeded", "limit": 1})
+                           .json()["count"] == 200, 600, "200 jobs to succeed")
+    finally:
+        stop.set()
+        for t in readers:
+            t.join()
+    assert failures == []
+    with service.client() as c:
+        jobs = c.get("/jobs", params={"limit": 500}).json()["data"]
+    assert sorted(j["id"] for j in jobs) == sorted(ids) and len(ids) == 200
+    assert all(j["state"] == "succeeded" and j["runs"] == 1 and j["attempt"] == 1 for j in jobs)
+    assert len({j["worker_id"] for j in jobs}) == 4
+    logs = "".join((service.data_dir / "logs" / f"{i}.log").read_text() for i in ids)
+    assert logs.count("job process pid") == 200  # each job ran exactly once
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT])
+def test_sigint_is_a_graceful_stop_too(service, sig):
+    a = service.start_worker("cpu")
+    job = service.submit(slow_job(epochs=10))
+    wait_checkpoint(service, job["id"], 1)
+    os.kill(a.pid, sig)
+    assert a.wait(timeout=30) == 0
+    back = service.job(job["id"])
+    assert back["state"] == "queued" and back["attempt"] == 0
