@@ -34,6 +34,7 @@ JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 
 MAX_PREDICT_ROWS = 10_000
+MAX_ID = 2**53
 
 
 class _Strict(BaseModel):
@@ -135,7 +136,7 @@ class PredictData(_Strict):
 
 class PredictJob(_JobBase):
     kind: Literal["predict"]
-    model_job: int = Field(ge=1, description="id of a succeeded train job")
+    model_job: int = Field(ge=1, le=MAX_ID, description="id of a succeeded train job")
     inputs: list[list[float]] | None = Field(
         None, min_length=1, max_length=MAX_PREDICT_ROWS,
         description="rows of features; image inputs flattened (C*H*W values per row)")

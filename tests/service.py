@@ -71,7 +71,9 @@ class Service:
         return p
 
     def client(self, **kw) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30, **kw)
+        token = self.env.get("TRAINYARD_API_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, timeout=30, headers=headers, **kw)
 
     def submit(self, body: dict, **kw) -> dict:
         with self.client() as c:

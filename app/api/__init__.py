@@ -1,9 +1,10 @@
-"""The HTTP server: app factory, error mapping, body-size limit, and the lease reaper."""
+"""The HTTP server: app factory, error mapping and the lease reaper."""
 import logging
 import threading
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from app import __version__, queue
@@ -32,7 +33,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         reaper.join(timeout=5)
         engine.dispose()
 
-    app = FastAPI(title="trainyard", version=__version__, lifespan=lifespan,
+    # max_body_size: bodies over the limit get 413, with or without a Content-Length.
+    app = FastAPI(title="trainyard", version=__version__, lifespan=lifespan, max_body_size=settings.max_body_bytes,
                   description="Run PyTorch training and inference jobs on your GPU machines.")
     app.state.settings = settings
     auth = [Depends(require_token)]
@@ -48,13 +50,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _conflict(request: Request, exc: queue.Conflict):
         return JSONResponse({"detail": str(exc)}, status_code=409)
 
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        # Name the field and say what is wrong, without echoing the input back: it may be huge,
+        # or a NaN that cannot even be written as JSON.
+        detail = [{"loc": [p if isinstance(p, (int, str)) else str(p) for p in e["loc"]], "msg": e["msg"],
+                   "type": e["type"]} for e in exc.errors()]
+        return JSONResponse({"detail": detail}, status_code=422)
+
     @app.exception_handler(queue.Invalid)
     async def _invalid(request: Request, exc: queue.Invalid):
         # Same shape as FastAPI's own validation errors, so clients parse one format.
         return JSONResponse({"detail": [{"loc": ["body", *exc.loc], "msg": str(exc), "type": "value_error"}]},
                             status_code=422)
 
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     return app
 
 
@@ -66,44 +75,3 @@ def _reap(engine, every_s: float, stop: threading.Event) -> None:
                 log.warning("job %s lost its worker (lease expired): now %s", job_id, state)
         except Exception:
             log.exception("lease reaper")
-
-
-class BodyLimit:
-    """Refuse request bodies over max_bytes with 413, whether or not Content-Length is sent."""
-
-    def __init__(self, app, max_bytes: int):
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope["headers"])
-        length = headers.get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            return await self._reject(send)
-        seen = 0
-
-        async def limited():
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _TooLarge()
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._reject(send)
-
-    async def _reject(self, send):
-        body = f'{{"detail":"request body over {self.max_bytes} bytes"}}'.encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass

@@ -2,15 +2,17 @@
 from pathlib import Path
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Body, Header, HTTPException, Query, Response
+from fastapi import APIRouter, Body, Header, HTTPException, Path as PathParam, Query, Response
 from fastapi.responses import FileResponse, PlainTextResponse
 
 from app import queue
 from app.api.deps import EngineDep, SettingsDep
 from app.api.schemas import JobPublic, JobsPublic, MetricPublic
-from app.spec import (JOB_KINDS, JOB_STATES, PREDICT_DATA_EXAMPLE, PREDICT_INPUTS_EXAMPLE, TRAIN_EXAMPLE, JobSpec)
+from app.spec import (JOB_KINDS, MAX_ID, JOB_STATES, PREDICT_DATA_EXAMPLE, PREDICT_INPUTS_EXAMPLE, TRAIN_EXAMPLE, JobSpec)
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
+# Bounded so that no id reaches the database as an integer it cannot store.
+JobId = Annotated[int, PathParam(ge=1, le=MAX_ID)]
 
 EXAMPLES = {
     "train": {"summary": "Train an MLP on Iris", "value": TRAIN_EXAMPLE},
@@ -41,27 +43,27 @@ def list_jobs(engine: EngineDep,
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-def get_job(job_id: int, engine: EngineDep) -> JobPublic:
+def get_job(job_id: JobId, engine: EngineDep) -> JobPublic:
     return JobPublic.from_row(queue.get_job(engine, job_id))
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
-def cancel_job(job_id: int, engine: EngineDep) -> JobPublic:
+def cancel_job(job_id: JobId, engine: EngineDep) -> JobPublic:
     return JobPublic.from_row(queue.cancel(engine, job_id))
 
 
 @router.post("/{job_id}/retry", response_model=JobPublic)
-def retry_job(job_id: int, engine: EngineDep) -> JobPublic:
+def retry_job(job_id: JobId, engine: EngineDep) -> JobPublic:
     return JobPublic.from_row(queue.retry(engine, job_id))
 
 
 @router.get("/{job_id}/metrics", response_model=list[MetricPublic])
-def job_metrics(job_id: int, engine: EngineDep) -> list[dict]:
+def job_metrics(job_id: JobId, engine: EngineDep) -> list[dict]:
     return queue.get_metrics(engine, job_id)
 
 
 @router.get("/{job_id}/result")
-def job_result(job_id: int, engine: EngineDep) -> dict:
+def job_result(job_id: JobId, engine: EngineDep) -> dict:
     job = queue.get_job(engine, job_id)
     if job["state"] != "succeeded":
         raise HTTPException(409, f"job {job_id} is {job['state']}; a result exists once it has succeeded")
@@ -73,7 +75,7 @@ ARTIFACT_FILES = {"safetensors": "model.safetensors", "pt": "model.pt", "meta": 
 
 @router.get("/{job_id}/artifact", response_class=FileResponse,
             responses={200: {"content": {"application/octet-stream": {}}, "description": "the trained state_dict"}})
-def job_artifact(job_id: int, engine: EngineDep, settings: SettingsDep,
+def job_artifact(job_id: JobId, engine: EngineDep, settings: SettingsDep,
                  format: Literal["safetensors", "pt", "meta"] = "safetensors") -> FileResponse:
     job = queue.get_job(engine, job_id)
     if job["kind"] != "train":
@@ -89,7 +91,7 @@ def job_artifact(job_id: int, engine: EngineDep, settings: SettingsDep,
 
 
 @router.get("/{job_id}/logs", response_class=PlainTextResponse)
-def job_logs(job_id: int, engine: EngineDep, settings: SettingsDep) -> str:
+def job_logs(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> str:
     queue.get_job(engine, job_id)
     path = inside(settings.data_dir, Path("logs") / f"{job_id}.log")
     return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""

@@ -1,0 +1,235 @@
+"""worker/train.py (and the devices helpers it leans on): accuracy, determinism, exact resume, failures, precision."""
+import copy
+import math
+import os
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+
+from app.spec import TRAIN_EXAMPLE, TrainParams, parse_spec
+from worker import data, devices, train
+from worker.context import JobContext, JobError, Preempted
+
+# Seed 000's printed losses (epochs 1, 11, ..., 91). The tutorial's iris.csv is the UCI copy, which
+# differs from sklearn's (shipped here) in two samples; with those two restored, our job follows it.
+TUTORIAL_LOSSES = [1.15071142, 0.93773186, 0.77982736, 0.60996711, 0.40083539, 0.25436994, 0.15052448,
+                   0.10086147, 0.08127660, 0.07230931]
+UCI_IRIS_ROWS = {34: [4.9, 3.1, 1.5, 0.1], 37: [4.9, 3.1, 1.5, 0.1]}
+
+def make_ctx(root: Path, events: list, name: str = "run", resume_path=None, stop_after_steps=None) -> JobContext:
+    calls = [0]
+
+    def stop_requested():
+        calls[0] += 1
+        return stop_after_steps is not None and calls[0] > stop_after_steps
+
+    run = root / name
+    return JobContext(job_id=1, device=torch.device("cpu"), data_dir=root / "data", artifact_dir=run / "artifact",
+                      checkpoint_path=run / "checkpoint.pt", resume_path=resume_path, emit=events.append,
+                      stop_requested=stop_requested)
+
+
+def job(model=None, data_=None, **train_params):
+    raw = copy.deepcopy(TRAIN_EXAMPLE)
+    if model is not None:
+        raw["model"] = model
+    if data_ is not None:
+        raw["data"] = data_
+    raw["train"].update(train_params)
+    return parse_spec(raw)
+
+
+def of_type(events, kind):
+    return [e for e in events if e["type"] == kind]
+
+
+def weights(artifact_dir: Path) -> dict:
+    return safetensors.torch.load_file(artifact_dir / "model.safetensors")
+
+
+def test_iris_tutorial_job(tmp_path):
+    events = []
+    ctx = make_ctx(tmp_path, events)
+    summary = train.train(job(), ctx)
+    assert summary["val_accuracy"] >= 0.9
+    epochs = of_type(events, "epoch")
+    assert [e["epoch"] for e in epochs] == list(range(1, 101)) and epochs[0]["epochs"] == 100
+    assert epochs[0]["train_loss"] == pytest.approx(TUTORIAL_LOSSES[0], abs=1e-4)
+    assert set(epochs[-1]) >= {"type", "epoch", "epochs", "train_loss", "val_loss", "val_accuracy",
+                               "samples_per_s", "seconds"}
+    assert epochs[-1]["val_accuracy"] == summary["val_accuracy"]
+    assert summary["train_loss"] == epochs[-1]["train_loss"] and summary["epochs"] == 100
+    assert summary["input_shape"] == [4] and summary["num_classes"] == 3 and summary["parameters"] == 151
+    assert summary["class_names"] == ["setosa", "versicolor", "virginica"]
+    assert summary["peak_memory_allocated"] is None and summary["resumed_from_epoch"] is None
+    assert summary["applied"]["precision"] == "fp32" and summary["applied"]["tf32"] == "n/a (cpu)"
+    assert summary["samples_per_s"] > 0
+    assert sorted(p.name for p in ctx.artifact_dir.iterdir()) == ["meta.json", "model.pt", "model.safetensors"]
+    # checkpoint_every defaults to 1: 99 checkpoints, none after the last epoch.
+    checkpoints = of_type(events, "checkpoint")
+    assert [c["epoch"] for c in checkpoints] == list(range(1, 100)) and checkpoints[0]["step"] == 0
+    assert 2 <= len(of_type(events, "log")) <= 15
+
+
+def test_iris_job_reproduces_the_tutorial_losses(tmp_path, monkeypatch):
+    real_iris = data._LOADERS["iris"]
+
+    def uci_iris(spec, data_dir):
+        raw = real_iris(spec, data_dir)
+        for row, values in UCI_IRIS_ROWS.items():
+            raw.x[row] = torch.tensor(values)
+        return raw
+    monkeypatch.setitem(data._LOADERS, "iris", uci_iris)
+    events = []
+    train.train(job(checkpoint_every=0), make_ctx(tmp_path, events))
+    losses = [e["train_loss"] for e in of_type(events, "epoch")][::10]
+    # Same split, same initial weights, same Adam steps; the tutorial ran on a GPU, hence the tolerance.
+    assert losses[0] == pytest.approx(TUTORIAL_LOSSES[0], abs=1e-6)
+    assert losses == pytest.approx(TUTORIAL_LOSSES, rel=2e-4)
+
+
+def test_digits_cnn_learns_quickly_with_default_training_params(tmp_path):
+    # TrainParams defaults: 10 epochs, batch 64, adam 1e-3.
+    spec = parse_spec({"kind": "train", "model": {"arch": "cnn"}, "data": {"dataset": "digits"},
+                       "train": {"checkpoint_every": 0}})
+    events = []
+    summary = train.train(spec, make_ctx(tmp_path, events))
+    assert summary["val_accuracy"] >= 0.9
+    assert not of_type(events, "checkpoint")
+
+
+def test_same_seed_same_run(tmp_path):
+    spec = job(model={"arch": "mlp", "dropout": 0.2}, data_={"dataset": "digits"}, epochs=2, batch_size=100)
+    runs = []
+    for name in ("a", "b"):
+        events = []
+        train.train(spec, make_ctx(tmp_path, events, name))
+        runs.append(([e["train_loss"] for e in of_type(events, "epoch")], weights(tmp_path / name / "artifact")))
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
+    other, events = job(model={"arch": "mlp", "dropout": 0.2}, data_={"dataset": "digits"}, epochs=2, batch_size=100,
+                        seed=1), []
+    train.train(other, make_ctx(tmp_path, events, "c"))
+    assert [e["train_loss"] for e in of_type(events, "epoch")] != runs[0][0]
+
+
+# digits: 1437 training samples, batch 128 -> 12 steps per epoch (the last one short).
+@pytest.mark.parametrize("stop_after, done_epochs, done_steps", [(17, 1, 5), (12, 1, 0), (0, 0, 0), (35, 2, 11)])
+def test_resume_continues_exactly(tmp_path, stop_after, done_epochs, done_steps):
+    # Dropout and batch norm make the comparison sensitive to the RNG and buffer state too.
+    spec = job(model={"arch": "cnn", "channels": [8, 16], "dropout": 0.3}, data_={"dataset": "digits"},
+               epochs=3, batch_size=128, lr=3e-3, checkpoint_every=1)
+    full_events = []
+    full = train.train(spec, make_ctx(tmp_path, full_events, "full"))
+
+    first_events = []
+    first = make_ctx(tmp_path, first_events, "first", stop_after_steps=stop_after)
+    with pytest.raises(Preempted):
+        train.train(spec, first)
+    last_checkpoint = of_type(first_events, "checkpoint")[-1]
+    assert (last_checkpoint["epoch"], last_checkpoint["step"]) == (done_epochs, done_steps)
+    assert last_checkpoint["path"] == str(first.checkpoint_path)
+    assert [e["epoch"] for e in of_type(first_events, "epoch")] == list(range(1, done_epochs + 1))
+
+    resumed_events = []
+    resumed = train.train(spec, make_ctx(tmp_path, resumed_events, "resumed", resume_path=first.checkpoint_path))
+    assert [e["epoch"] for e in of_type(resumed_events, "epoch")] == list(range(done_epochs + 1, 4))
+    assert resumed["resumed_from_epoch"] == done_epochs and resumed["resumed_from_step"] == done_steps
+    want, got = weights(tmp_path / "full" / "artifact"), weights(tmp_path / "resumed" / "artifact")
+    assert want.keys() == got.keys()
+    for key in want:
+        assert torch.equal(want[key], got[key]), key
+    # The interrupted epoch's statistics include the batches done before the stop.
+    timing = ("samples_per_s", "seconds")
+    strip = lambda e: {k: v for k, v in e.items() if k not in timing}  # noqa: E731
+    assert [strip(e) for e in of_type(resumed_events, "epoch")] == \
+        [strip(e) for e in of_type(full_events, "epoch")][done_epochs:]
+    assert resumed["val_accuracy"] == full["val_accuracy"]
+
+
+def test_missing_resume_file_starts_over(tmp_path):
+    events = []
+    summary = train.train(job(epochs=2), make_ctx(tmp_path, events, resume_path=tmp_path / "nope.pt"))
+    assert summary["resumed_from_epoch"] is None and len(of_type(events, "epoch")) == 2
+
+
+def test_diverging_loss_is_a_job_error(tmp_path, monkeypatch):
+    real_load = data.load
+
+    def poisoned(*args, **kwargs):
+        d = real_load(*args, **kwargs)
+        d.x_train[0, 0] = math.inf
+        return d
+    monkeypatch.setattr(data, "load", poisoned)
+    with pytest.raises(JobError, match=r"loss became nan at epoch 1; lower the learning rate"):
+        train.train(job(epochs=3), make_ctx(tmp_path, []))
+
+
+def test_bf16_runs_on_cpu(tmp_path):
+    summary = train.train(job(precision="bf16", epochs=60), make_ctx(tmp_path, []))
+    assert summary["applied"]["precision"] == "bf16" and not summary["applied"]["notes"]
+    assert summary["val_accuracy"] >= 0.8
+
+
+def test_fp16_falls_back_to_fp32_on_cpu(tmp_path):
+    summary = train.train(job(precision="fp16", epochs=2), make_ctx(tmp_path, []))
+    assert summary["applied"]["precision"] == "fp32"
+    assert any("fp16" in note for note in summary["applied"]["notes"])
+
+
+def test_channels_last_applies_to_images_only(tmp_path):
+    cnn = train.train(job(model={"arch": "cnn", "channels": [8]}, data_={"dataset": "digits"}, epochs=1,
+                          channels_last=True), make_ctx(tmp_path, [], "cnn"))
+    assert cnn["applied"]["channels_last"] == "on"
+    mlp = train.train(job(channels_last=True, epochs=1), make_ctx(tmp_path, [], "mlp"))
+    assert mlp["applied"]["channels_last"] == "off" and mlp["applied"]["notes"]
+
+
+def test_compile_failure_falls_back_to_eager(tmp_path, monkeypatch):
+    def broken_compile(model, *a, **kw):
+        raise RuntimeError("no C++ compiler found\nmore detail")
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    summary = train.train(job(compile=True, epochs=100), make_ctx(tmp_path, []))
+    assert summary["applied"]["compile"] == "off"
+    assert any("torch.compile failed" in note and "no C++ compiler" in note for note in summary["applied"]["notes"])
+    assert summary["val_accuracy"] >= 0.9
+
+
+@pytest.mark.skipif(not os.environ.get("TRAINYARD_TEST_COMPILE"), reason="torch.compile takes ~30 s on a small CPU; "
+                    "set TRAINYARD_TEST_COMPILE=1")
+def test_compile_for_real(tmp_path):
+    compiled = train.train(job(compile=True, epochs=5, checkpoint_every=0), make_ctx(tmp_path, [], "compiled"))
+    assert compiled["applied"]["compile"] == "on"
+    train.train(job(epochs=5, checkpoint_every=0), make_ctx(tmp_path, [], "eager"))
+    want, got = weights(tmp_path / "eager" / "artifact"), weights(tmp_path / "compiled" / "artifact")
+    assert want.keys() == got.keys()  # no _orig_mod. prefix
+    assert all(torch.allclose(want[k], got[k], atol=1e-5) for k in want)
+
+
+def test_format_oom_names_device_batch_memory_and_hints():
+    message = devices.format_oom("cuda:1 (NVIDIA A100)", 512, 30 * 2**30, 38 * 2**30, 40 * 2**30)
+    assert "cuda:1 (NVIDIA A100)" in message and "batch_size 512" in message
+    assert "30.00 GiB allocated" in message and "38.00 GiB reserved" in message and "40.00 GiB total" in message
+    assert "batch_size (e.g. 256)" in message and "bf16" in message and "fp16" in message
+
+
+def test_devices_on_cpu():
+    assert devices.resolve("cpu") == torch.device("cpu")
+    with pytest.raises(JobError, match="cuda:42"):
+        devices.resolve("cuda:42")
+    assert devices.memory_stats(torch.device("cpu")) is None
+    applied = devices.configure(torch.device("cpu"), TrainParams(precision="bf16"))
+    assert applied == {"notes": [], "tf32": "n/a (cpu)", "cudnn_benchmark": "n/a (cpu)", "precision": "bf16"}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_job_reports_memory(tmp_path):
+    events = []
+    ctx = make_ctx(tmp_path, events)
+    ctx.device = devices.resolve("cuda:0")
+    summary = train.train(job(epochs=5, precision="fp16"), ctx)
+    assert summary["peak_memory_allocated"] > 0 and summary["applied"]["tf32"] == "on"
+    assert "memory_allocated" in of_type(events, "epoch")[0]

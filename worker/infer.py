@@ -1,0 +1,116 @@
+"""Predict and evaluate with a trained artifact; also the evaluation pass the training loop reports.
+
+Training's val_accuracy and an evaluate job on the same split go through evaluate() below with
+the same model and data, so they agree exactly.
+"""
+import math
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Callable, ContextManager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from app.spec import PredictJob, TrainJob
+from worker import artifacts, data, devices
+from worker.context import JobContext, JobError
+
+EVAL_MIN_BATCH = 1024
+
+
+@torch.no_grad()
+def logits_in_batches(model: nn.Module, x: Tensor, batch_size: int, device: torch.device,
+                      autocast: Callable[[], ContextManager] = nullcontext) -> Tensor:
+    """model(x) in batches, as float32 on device; the caller puts the model in eval mode."""
+    out = []
+    for start in range(0, len(x), batch_size):
+        xb = x[start:start + batch_size].to(device, non_blocking=True)
+        with autocast():
+            out.append(model(xb).float())
+    return torch.cat(out)
+
+
+def evaluate(model: nn.Module, x: Tensor, y: Tensor, batch_size: int, device: torch.device,
+             autocast: Callable[[], ContextManager] = nullcontext) -> tuple[float, float, Tensor]:
+    """(mean cross-entropy, accuracy, predicted classes) of model on (x, y), in eval mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        logits = logits_in_batches(model, x, batch_size, device, autocast)
+    finally:
+        model.train(was_training)
+    y = y.to(device)
+    loss = F.cross_entropy(logits, y, reduction="sum")
+    pred = logits.argmax(dim=1)
+    correct = (pred == y).sum()
+    n = len(y)
+    return loss.item() / n, correct.item() / n, pred
+
+
+def predict(spec: PredictJob, ctx: JobContext, model_dir: Path, train_spec: TrainJob | None = None) -> dict[str, Any]:
+    """Class probabilities for spec.inputs, or accuracy and a confusion matrix on spec.data.
+
+    train_spec defaults to the training job's spec stored in the artifact's meta.json.
+    """
+    model, meta = artifacts.load_model(model_dir, ctx.device)
+    if train_spec is None:
+        train_spec = TrainJob.model_validate(meta["spec"])
+    input_shape = tuple(meta["input_shape"])
+    num_outputs = int(meta["num_classes"])
+    class_names = list(meta["class_names"])
+    # A widened output layer (model.num_classes) predicts classes the data had no name for.
+    class_names += [str(i) for i in range(len(class_names), num_outputs)]
+    # The precision the model trained and was evaluated in, where this device supports it.
+    precision, _note = devices.resolve_precision(ctx.device, train_spec.train.precision)
+    autocast = lambda: devices.autocast(ctx.device, precision)  # noqa: E731
+
+    if spec.inputs is not None:
+        return _predict_inputs(spec, ctx, model, input_shape, class_names, train_spec.data.dataset, autocast)
+
+    x, y, _names = data.split_for_predict(spec.data, train_spec.data, ctx.data_dir, ctx.device)
+    if tuple(x.shape[1:]) != input_shape:
+        raise JobError(f"dataset {spec.data.dataset!r} has samples of shape {tuple(x.shape[1:])} "
+                       f"but the model takes {input_shape}")
+    if len(y) and int(y.max()) >= num_outputs:
+        raise JobError(f"dataset {spec.data.dataset!r} has labels up to {int(y.max())} "
+                       f"but the model has {num_outputs} outputs")
+    loss, accuracy, pred = evaluate(model, x, y, spec.batch_size, ctx.device, autocast)
+    k = num_outputs
+    confusion = torch.bincount(y.to(ctx.device) * k + pred, minlength=k * k).reshape(k, k).cpu()
+    totals = confusion.sum(dim=1)
+    per_class = {
+        name: (confusion[i, i].item() / totals[i].item() if totals[i] else None)
+        for i, name in enumerate(class_names)
+    }
+    ctx.log(f"evaluated {len(y)} samples of {spec.data.dataset} ({spec.data.split}): accuracy {accuracy:.4f}")
+    return {
+        "samples": len(y), "accuracy": accuracy, "loss": loss, "per_class_accuracy": per_class,
+        "confusion_matrix": confusion.tolist(), "class_names": class_names,
+        "dataset": spec.data.dataset, "split": spec.data.split,
+    }
+
+
+def _predict_inputs(spec: PredictJob, ctx: JobContext, model: nn.Module, input_shape: tuple[int, ...],
+                    class_names: list[str], dataset: str, autocast) -> dict[str, Any]:
+    """Inputs are raw values in the dataset's original scale (iris: cm; digits: 0..16 per pixel;
+    mnist, fashion_mnist, cifar10, fake: 0..255 per pixel, channels first, flattened), so they get
+    the same normalisation training applied."""
+    width = math.prod(input_shape)
+    got = len(spec.inputs[0])
+    if got != width:
+        raise JobError(f"inputs: each row must have {width} values (the model takes samples of shape "
+                       f"{input_shape}, flattened), got {got}")
+    x = torch.tensor(spec.inputs, dtype=torch.float32).reshape(-1, *input_shape)
+    x = data.normalize(dataset, x)
+    model.eval()
+    probs = F.softmax(logits_in_batches(model, x, spec.batch_size, ctx.device, autocast), dim=1).cpu()
+    top = probs.argmax(dim=1).tolist()
+    ctx.log(f"predicted {len(top)} input rows")
+    return {
+        "predictions": [
+            {"index": i, "class": class_names[c], "probabilities": p}
+            for i, (c, p) in enumerate(zip(top, probs.tolist()))
+        ],
+        "class_names": class_names,
+    }
