@@ -130,11 +130,11 @@ def test_resume_continues_exactly(tmp_path, stop_after, done_epochs, done_steps)
         train.train(spec, first)
     last_checkpoint = of_type(first_events, "checkpoint")[-1]
     assert (last_checkpoint["epoch"], last_checkpoint["step"]) == (done_epochs, done_steps)
-    assert last_checkpoint["path"] == str(first.checkpoint_path)
+    assert last_checkpoint["path"] == str(first.checkpoint_file(done_epochs, done_steps))
     assert [e["epoch"] for e in of_type(first_events, "epoch")] == list(range(1, done_epochs + 1))
 
     resumed_events = []
-    resumed = train.train(spec, make_ctx(tmp_path, resumed_events, "resumed", resume_path=first.checkpoint_path))
+    resumed = train.train(spec, make_ctx(tmp_path, resumed_events, "resumed", resume_path=Path(last_checkpoint["path"])))
     assert [e["epoch"] for e in of_type(resumed_events, "epoch")] == list(range(done_epochs + 1, 4))
     assert resumed["resumed_from_epoch"] == done_epochs and resumed["resumed_from_step"] == done_steps
     want, got = weights(tmp_path / "full" / "artifact"), weights(tmp_path / "resumed" / "artifact")

@@ -25,7 +25,7 @@ class JobContext:
     data_dir: Path
     # Where this attempt writes its artifact (model.safetensors, model.pt, meta.json); created by the runner.
     artifact_dir: Path
-    # Where this attempt writes its checkpoint (atomically); resume_path is an earlier attempt's, if any.
+    # Stem of this attempt's checkpoint files; resume_path is the checkpoint to resume from, if any.
     checkpoint_path: Path
     resume_path: Path | None = None
     # Sends one event to the supervisor, e.g. {"type": "epoch", ...}; see worker/runner.py.
@@ -33,6 +33,13 @@ class JobContext:
     # True once the worker is shutting down: checkpoint at the next step boundary, then raise Preempted.
     stop_requested: Callable[[], bool] = lambda: False
     notes: list[str] = field(default_factory=list)
+
+    def checkpoint_file(self, epoch: int, step: int) -> Path:
+        """Each checkpoint gets a file of its own, never overwritten: a stale copy of the job (one
+        whose worker lost its lease) may go on writing, but only files the database points at are
+        ever resumed from."""
+        p = self.checkpoint_path
+        return p.with_name(f"{p.stem}-e{epoch:05d}-s{step:06d}{p.suffix}")
 
     def log(self, line: str) -> None:
         self.emit({"type": "log", "line": line})

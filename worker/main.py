@@ -137,6 +137,7 @@ class Worker:
             "checkpoint_path": str(data_dir / ckpt_rel), "checkpoint_rel": str(ckpt_rel),
             "resume_path": str(data_dir / job["checkpoint_path"]) if job.get("checkpoint_path") else None,
         }
+        paths["checkpoint"] = paths["resume_path"]
         if job["kind"] == "predict":
             model_job = queue.get_job(self.engine, job["spec"]["model_job"])
             paths["model_dir"] = str(data_dir / (model_job["artifact_path"] or "missing"))
@@ -268,6 +269,10 @@ class Worker:
         elif kind == "checkpoint":
             rel = os.path.relpath(event["path"], self.settings.data_dir)
             ok = queue.record_checkpoint(self.engine, job_id, claim_no, event["epoch"], rel)
+            if ok:  # the previous checkpoint is no longer referenced: free its disk
+                previous, run.extra["checkpoint"] = run.extra.get("checkpoint"), event["path"]
+                if previous and previous != event["path"]:
+                    Path(previous).unlink(missing_ok=True)
         elif kind == "log":
             self._log(run, event["line"])
         elif kind == "done":

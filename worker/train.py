@@ -174,5 +174,6 @@ def _checkpoint(ctx: JobContext, model: nn.Module, optimizer: torch.optim.Optimi
         "shuffle_rng_at_epoch_start": shuffle_state,
         "partial": partial,
     }
-    artifacts.save_checkpoint(ctx.checkpoint_path, state)
-    ctx.emit({"type": "checkpoint", "epoch": epoch, "step": step, "path": str(ctx.checkpoint_path)})
+    path = ctx.checkpoint_file(epoch, step)
+    artifacts.save_checkpoint(path, state)
+    ctx.emit({"type": "checkpoint", "epoch": epoch, "step": step, "path": str(path)})
