@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import OperationalError
+
 from app import devices as device_info
 from app import queue
 from app.db import create_all, make_engine
@@ -67,6 +69,20 @@ class Worker:
         self.stats: dict[str, Any] = {}
         self._next_beat = 0.0
 
+    def db(self, fn, *args, **kw):
+        """Call a queue function, riding out a database that is briefly unreachable (a PostgreSQL
+        restart, a failover) for up to one lease; SQLite's busy timeout already covers lock waits."""
+        delay, deadline = 0.05, time.monotonic() + self.settings.lease_s
+        while True:
+            try:
+                return fn(self.engine, *args, **kw)
+            except OperationalError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("database error, retrying in %.2fs: %s", delay, str(exc).splitlines()[0])
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
     # -- lifecycle --------------------------------------------------------------------------------
 
     def _on_signal(self, signum, frame) -> None:
@@ -80,14 +96,19 @@ class Worker:
         signal.signal(signal.SIGINT, self._on_signal)
         self.ctx = _mp_context()
         self.stats = {"build": self._warm_up(), "device_info": device_info.worker_device_info(self.device)}
-        queue.register_worker(self.engine, self.id, socket.gethostname(), os.getpid(), self.device, self.stats)
+        self.db(queue.register_worker, self.id, socket.gethostname(), os.getpid(), self.device, self.stats)
         log.info("worker %s on %s ready", self.id, self.device)
         idle_sleep = self.settings.poll_s
         try:
             while not self.stopping:
-                self._housekeeping(state="idle", job_id=None)
-                job = queue.claim(self.engine, self.id, self.device, self.settings.lease_s) \
-                    if queue.has_work(self.engine, self.device) else None
+                try:
+                    self._housekeeping(state="idle", job_id=None)
+                    job = self.db(queue.claim, self.id, self.device, self.settings.lease_s) \
+                        if self.db(queue.has_work, self.device) else None
+                except OperationalError:
+                    log.exception("database unavailable; the worker keeps trying")
+                    time.sleep(2.0)
+                    continue
                 if job is None:
                     if self.burst:
                         break
@@ -98,7 +119,7 @@ class Worker:
                 if self.max_jobs is not None and self.jobs_done >= self.max_jobs:
                     break
         finally:
-            queue.worker_heartbeat(self.engine, self.id, "stopped", None)
+            self.db(queue.worker_heartbeat, self.id, "stopped", None)
             self.engine.dispose()
             log.info("worker %s stopped after %d jobs", self.id, self.jobs_done)
         return 0
@@ -120,7 +141,7 @@ class Worker:
         if now < self._next_beat:
             return
         self._next_beat = now + self.settings.heartbeat_s
-        queue.worker_heartbeat(self.engine, self.id, state, job_id, self.stats)
+        self.db(queue.worker_heartbeat, self.id, state, job_id, self.stats)
         for jid, new_state in queue.requeue_expired(self.engine):
             log.warning("job %s lost its worker (lease expired): now %s", jid, new_state)
 
@@ -139,7 +160,7 @@ class Worker:
         }
         paths["checkpoint"] = paths["resume_path"]
         if job["kind"] == "predict":
-            model_job = queue.get_job(self.engine, job["spec"]["model_job"])
+            model_job = self.db(queue.get_job, job["spec"]["model_job"])
             paths["model_dir"] = str(data_dir / (model_job["artifact_path"] or "missing"))
             paths["model_spec"] = model_job["spec"]
         return paths
@@ -150,7 +171,7 @@ class Worker:
         try:
             paths = self._paths(job)
         except Exception as exc:  # e.g. the model job was deleted: the job's own problem
-            queue.fail(self.engine, job["id"], job["claim"],
+            self.db(queue.fail, job["id"], job["claim"],
                        {"class": queue.JOB_ERROR, "type": type(exc).__name__, "message": str(exc)})
             return
         parent_conn, child_conn = self.ctx.Pipe(duplex=False)
@@ -162,7 +183,13 @@ class Worker:
                       log_path=log_dir / f"{job['id']}.log", extra=paths)
         self._log(run, f"attempt {job['attempt']} (run {job['claim']}) on {self.id} ({self.device}), "
                        f"job process pid {proc.pid}")
-        self._supervise(run)
+        try:
+            self._supervise(run)
+        except OperationalError:
+            # We can no longer report for this job: stop it. Its lease runs out and the job is
+            # requeued (from its last recorded checkpoint) for whichever worker reaches the database.
+            log.exception("database unreachable while running job %s; stopping it", job["id"])
+            self._stop_now(run)
         parent_conn.close()
         if run.outcome == "succeeded":
             shutil.rmtree(self.settings.data_dir / "checkpoints" / str(job["id"]), ignore_errors=True)
@@ -189,12 +216,12 @@ class Worker:
                 self._kill(run)
             if now >= next_fence:
                 next_fence = now + FENCE_CHECK_S
-                if not queue.still_ours(self.engine, job_id, claim_no):
+                if not self.db(queue.still_ours, job_id, claim_no):
                     self._lost(run)
                     break
             if now >= next_renew:
                 next_renew = now + self.settings.heartbeat_s
-                if not queue.renew(self.engine, job_id, claim_no, self.settings.lease_s):
+                if not self.db(queue.renew, job_id, claim_no, self.settings.lease_s):
                     self._lost(run)
                     break
                 self._housekeeping(state="busy", job_id=job_id)
@@ -237,7 +264,7 @@ class Worker:
         """The job process was stopped (it checkpointed first if it could): why decides what follows.
         A SIGTERM we did not send (systemd, a container runtime signalling every process) is a shutdown."""
         if run.stop_reason in (None, "shutdown"):
-            ok = queue.requeue_preempted(self.engine, run.job["id"], run.job["claim"])
+            ok = self.db(queue.requeue_preempted, run.job["id"], run.job["claim"])
             run.outcome = "requeued" if ok else "lost"
             self._log(run, "requeued without using an attempt (worker shutting down)")
         else:
@@ -246,7 +273,7 @@ class Worker:
 
     def _fail(self, run: Running, error: dict) -> None:
         self._log(run, f"{error['type']}: {error['message']}")
-        run.outcome = queue.fail(self.engine, run.job["id"], run.job["claim"], error) or "lost"
+        run.outcome = self.db(queue.fail, run.job["id"], run.job["claim"], error) or "lost"
 
     def _drain(self, run: Running, wait: float) -> None:
         try:
@@ -262,13 +289,13 @@ class Worker:
         ok = True
         if kind == "epoch":
             data = {k: v for k, v in event.items() if k not in ("type", "epoch")}
-            ok = queue.record_epoch(self.engine, job_id, claim_no, event["epoch"], data)
+            ok = self.db(queue.record_epoch, job_id, claim_no, event["epoch"], data)
             mem = {k: event[k] for k in ("memory_allocated", "memory_reserved", "max_memory_allocated") if k in event}
             if mem:
                 self.stats = {**self.stats, "torch": mem}
         elif kind == "checkpoint":
             rel = os.path.relpath(event["path"], self.settings.data_dir)
-            ok = queue.record_checkpoint(self.engine, job_id, claim_no, event["epoch"], rel)
+            ok = self.db(queue.record_checkpoint, job_id, claim_no, event["epoch"], rel)
             if ok:  # the previous checkpoint is no longer referenced: free its disk
                 previous, run.extra["checkpoint"] = run.extra.get("checkpoint"), event["path"]
                 if previous and previous != event["path"]:
@@ -277,7 +304,7 @@ class Worker:
             self._log(run, event["line"])
         elif kind == "done":
             artifact = run.extra["artifact_rel"] if run.job["kind"] == "train" else None
-            ok = queue.succeed(self.engine, job_id, claim_no, event["result"], artifact)
+            ok = self.db(queue.succeed, job_id, claim_no, event["result"], artifact)
             run.outcome = "succeeded"
         elif kind == "error":
             self._log(run, event["error"].get("traceback") or "")

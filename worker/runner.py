@@ -10,13 +10,13 @@ import signal
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from app.spec import parse_spec
 from worker import devices, infer, train
-from worker.context import JobContext, JobError, Preempted
+from worker.context import JobContext, Preempted
 
 # Events sent to the supervisor:
 #   {"type": "epoch", "epoch": n, ...metrics}      one per finished epoch
@@ -36,20 +36,28 @@ def _on_sigterm(signum, frame) -> None:
     _stop = True
 
 
-def run(job: dict[str, Any], device: str, data_dir: str, paths: dict[str, Any],
-        conn: Connection) -> None:
+def run(job: dict[str, Any], device: str, data_dir: str, paths: dict[str, Any], conn: Connection) -> None:
     """Entry point of the job process. `paths` holds artifact_dir, checkpoint_path, resume_path, model_dir."""
     # Ctrl-C in a terminal reaches the whole process group; the supervisor decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_sigterm)
-
-    def emit(event: dict) -> None:
-        conn.send(event)
-
-    spec = parse_spec(job["spec"])
-    batch_size = spec.train.batch_size if spec.kind == "train" else spec.batch_size
-    torch_device = None
     try:
+        execute(job, device, data_dir, paths, conn.send)
+    finally:
+        conn.close()
+        # Skip interpreter teardown (atexit hooks, CUDA context destruction order): the supervisor
+        # already has everything it needs, and the OS frees the device memory with the process.
+        os._exit(0)
+
+
+def execute(job: dict[str, Any], device: str, data_dir: str, paths: dict[str, Any],
+            emit: Callable[[dict], None]) -> None:
+    """Run the job, ending with exactly one of the events done, error or preempted."""
+    torch_device = None
+    batch_size = None
+    try:
+        spec = parse_spec(job["spec"])
+        batch_size = spec.train.batch_size if spec.kind == "train" else spec.batch_size
         torch_device = devices.resolve(device)
         ctx = JobContext(
             job_id=job["id"], device=torch_device, data_dir=Path(data_dir),
@@ -66,15 +74,8 @@ def run(job: dict[str, Any], device: str, data_dir: str, paths: dict[str, Any],
         emit({"type": "preempted"})
     except torch.OutOfMemoryError as exc:
         emit({"type": "error", "error": _error("oom", exc, devices.oom_message(torch_device, batch_size))})
-    except JobError as exc:
+    except Exception as exc:  # JobError, or an exception in training: the job's own error, not retried
         emit({"type": "error", "error": _error("job", exc)})
-    except Exception as exc:  # an exception in the user's training is the job's own error: not retried
-        emit({"type": "error", "error": _error("job", exc)})
-    finally:
-        conn.close()
-        # Skip interpreter teardown (atexit hooks, CUDA context destruction order): the supervisor
-        # already has everything it needs, and the OS frees the device memory with the process.
-        os._exit(0)
 
 
 def _error(cls: str, exc: BaseException, message: str | None = None) -> dict:

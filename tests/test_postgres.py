@@ -1,0 +1,50 @@
+"""The same service on PostgreSQL (how several hosts share one queue), against the real server."""
+import secrets
+
+import psycopg
+import pytest
+
+from tests.conftest import slow_job, tiny_job
+from tests.service import Service
+
+ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def pg_service(tmp_path):
+    schema = f"svc_{secrets.token_hex(4)}"
+    with psycopg.connect(ADMIN, autocommit=True) as c:
+        c.execute(f"CREATE SCHEMA {schema}")
+    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
+    svc = Service(tmp_path / "data", database_url=url).start_server()
+    svc.schema = schema
+    yield svc
+    svc.stop()
+    with psycopg.connect(ADMIN, autocommit=True) as c:
+        c.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def test_two_workers_on_postgres_run_each_job_once(pg_service):
+    pg_service.start_worker("cpu")
+    pg_service.start_worker("cpu")
+    ids = [pg_service.submit(tiny_job(epochs=1))["id"] for _ in range(12)]
+    jobs = [pg_service.wait_state(i, timeout=180) for i in ids]
+    assert all(j["state"] == "succeeded" and j["runs"] == 1 for j in jobs), jobs
+    assert len({j["worker_id"] for j in jobs}) == 2
+
+
+def test_dropped_database_connections_do_not_lose_the_job(pg_service):
+    """Every session of the service is killed by the database mid-training (as in a failover)."""
+    pg_service.start_worker("cpu")
+    job = pg_service.submit(slow_job(epochs=6))
+    pg_service.wait_until(lambda: pg_service.job(job["id"])["progress"]["epoch"] >= 1, 120, "first epoch")
+    with psycopg.connect(ADMIN, autocommit=True) as c:
+        killed = c.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                           "WHERE datname = 'test' AND pid <> pg_backend_pid()").fetchone()[0]
+    assert killed >= 1
+    done = pg_service.wait_state(job["id"], timeout=240)
+    assert done["state"] == "succeeded" and done["runs"] == 1, done
+    with pg_service.client() as c:
+        assert [m["epoch"] for m in c.get(f"/jobs/{job['id']}/metrics").json()] == list(range(1, 7))
+    assert all(p.poll() is None for p in pg_service.workers)
