@@ -8,6 +8,7 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +78,10 @@ def worker_device_info(device: str) -> dict[str, Any] | None:
     return nv[idx[n]] if n < len(idx) else None
 
 
+@lru_cache
 def torch_build_info() -> dict[str, Any]:
-    """torch, CUDA and cuDNN versions of the installed build, read from package files, not by importing torch."""
+    """torch, CUDA and cuDNN versions of the installed build, read from package files, not by importing torch.
+    Cached: scanning the installed distributions takes tens of milliseconds."""
     info: dict[str, Any] = {"torch_version": None, "cuda_version": None, "cudnn_version": None}
     try:
         info["torch_version"] = importlib.metadata.version("torch")

@@ -33,6 +33,9 @@ def train(spec: TrainJob, ctx: JobContext) -> dict[str, Any]:
     d = data.load(spec.data, ctx.data_dir, device)
     n_train, bs = len(d.y_train), p.batch_size
     steps_per_epoch = math.ceil(n_train / bs)
+    full_batch = steps_per_epoch == 1
+    # The dataset stays in host memory when it does not fit on the GPU: batches are then copied.
+    host_batches = d.x_train.device != device
 
     # Seeding right before building the model gives the seed tutorials' initial weights. Batch order
     # has its own CPU generator, so it is the same on every device and independent of dropout.
@@ -83,7 +86,8 @@ def train(spec: TrainJob, ctx: JobContext) -> dict[str, Any]:
     for epoch in range(start_epoch, p.epochs):  # 0-based here, 1-based in events and logs
         t0 = time.perf_counter()
         epoch_rng = shuffle.get_state()  # regenerates this epoch's order on resume
-        perm = torch.randperm(n_train, generator=shuffle).to(d.x_train.device)
+        # One batch holding every sample: order cannot change the mean loss, so skip the gather.
+        perm = None if full_batch else torch.randperm(n_train, generator=shuffle).to(d.x_train.device)
         loss_sum = torch.zeros((), device=device)
         correct = torch.zeros((), dtype=torch.int64, device=device)
         seen, earlier_seconds, first_step = 0, 0.0, 0
@@ -100,9 +104,14 @@ def train(spec: TrainJob, ctx: JobContext) -> dict[str, Any]:
                         "seconds": earlier_seconds + time.perf_counter() - t0} if step > 0 else None
                 _checkpoint(ctx, model, optimizer, scaler, epoch, step, epoch_rng, done)
                 raise Preempted(f"stopped at epoch {epoch + 1}, step {step}; checkpointed")
-            idx = perm[step * bs:(step + 1) * bs]
-            xb = d.x_train[idx].to(device, non_blocking=True)
-            yb = d.y_train[idx].to(device, non_blocking=True)
+            if perm is None:
+                xb, yb = d.x_train, d.y_train
+            else:
+                idx = perm[step * bs:(step + 1) * bs]
+                xb, yb = d.x_train[idx], d.y_train[idx]
+            if host_batches:  # pinned, so the copy overlaps the previous step's work
+                xb = xb.pin_memory().to(device, non_blocking=True)
+                yb = yb.pin_memory().to(device, non_blocking=True)
             if channels_last:
                 xb = xb.contiguous(memory_format=torch.channels_last)
             with autocast():
@@ -112,8 +121,8 @@ def train(spec: TrainJob, ctx: JobContext) -> dict[str, Any]:
             scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
-            loss_sum += loss.detach() * len(yb)
-            correct += (logits.detach().argmax(dim=1) == yb).sum()
+            loss_sum.add_(loss.detach(), alpha=len(yb))
+            correct.add_((logits.detach().argmax(dim=1) == yb).sum())
             seen += len(yb)
 
         train_loss = loss_sum.item() / seen  # the epoch's one wait for the device

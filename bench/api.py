@@ -1,0 +1,200 @@
+"""API benchmark: requests/s and latency of the main endpoints, beside a bare FastAPI app as the ceiling.
+
+Run: `.venv/bin/python -m bench.api [--quick]` from the repository root.
+
+Setup: `trainyard serve` on a fresh data dir (SQLite) plus one CPU worker, so that GET /devices
+reports a worker as in a real deployment and GET /jobs/{id} reads a job that really ran (state,
+times, latest metrics, result). The worker stays idle, polling the queue every poll_s as it would
+in production. The database is preloaded with 500 queued jobs for device "cuda:9", which no worker
+takes, so GET /jobs?limit=50 pages through realistic rows. Beside it, bench/bare_app.py runs in
+its own uvicorn process with the same uvicorn settings: GET /bare (async def) is the ceiling, and
+GET /bare-sync (a plain def route, run in the thread pool like every trainyard route) shows the
+thread hop's share.
+
+Per endpoint, after a 0.5 s warm-up, two modes (the load generator is this process: asyncio and a
+minimal keep-alive HTTP/1.1 client with a connection pool, RawHttp below):
+ (a) fixed rate: 200 req/s open loop for 5 s; requests are sent on schedule whether or not earlier
+     ones have answered, and latency counts from the scheduled send time, so a slow server (or a
+     late load generator) shows up as latency rather than as less load.
+ (b) max throughput: 8 concurrent clients in a closed loop for 5 s.
+POST /jobs (device "cuda:9", never claimed) runs last, since it grows the table.
+
+--quick: 0.5 s per mode, 20 preloaded jobs (~20 s in all: the worker's fork server imports torch).
+"""
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+
+from bench.common import TINY_JOB, CpuMeter, env_line, pct, service, table, verdict
+from tests.service import ROOT, free_port
+
+RATE, CONCURRENCY = 200, 8
+READ_P99_MS, READ_RATIO = 20, 0.5
+POST_BODY = {**TINY_JOB, "device": "cuda:9"}
+
+
+class RawHttp:
+    """A minimal HTTP/1.1 keep-alive client over asyncio streams, with a pool of up to `limit`
+    connections. httpx.AsyncClient spends several times more CPU per request, CPU the servers under
+    test need on this 2-core machine. Enough for these servers: every response has a Content-Length."""
+
+    def __init__(self, url: str, limit: int = 64):
+        self.host, self.port = url.removeprefix("http://").split(":")
+        self.idle: list = []
+        self.slots = asyncio.Semaphore(limit)
+
+    async def request(self, method: str, path: str, body: bytes = b"") -> int:
+        async with self.slots:
+            r, w = self.idle.pop() if self.idle else await asyncio.open_connection(self.host, int(self.port))
+            try:
+                async with asyncio.timeout(10):
+                    w.write(f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                            + body)
+                    head = await r.readuntil(b"\r\n\r\n")
+                    length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+                    await r.readexactly(length)
+            except BaseException:
+                w.close()
+                raise
+            self.idle.append((r, w))
+            return int(head[9:12])
+
+
+def sender(http: RawHttp, method: str, path: str, status: int, body: dict | None = None):
+    data = json.dumps(body).encode() if body is not None else b""
+
+    async def send() -> bool:
+        try:
+            return await http.request(method, path, data) == status
+        except (OSError, ValueError, IndexError, asyncio.IncompleteReadError, TimeoutError):
+            return False
+    return send
+
+
+async def fixed_rate(send, rate: float, seconds: float) -> dict:
+    loop = asyncio.get_running_loop()
+    lat, errors = [], 0
+
+    async def one(due: float):
+        nonlocal errors
+        if await send():
+            lat.append(loop.time() - due)
+        else:
+            errors += 1
+
+    t0 = loop.time() + 0.01
+    tasks = []
+    for i in range(int(rate * seconds)):
+        due = t0 + i / rate
+        await asyncio.sleep(max(0.0, due - loop.time()))
+        tasks.append(asyncio.create_task(one(due)))
+    await asyncio.gather(*tasks)
+    return {"rate": len(tasks) / (loop.time() - t0), "lat": lat, "errors": errors}
+
+
+async def closed_loop(send, clients: int, seconds: float) -> dict:
+    loop = asyncio.get_running_loop()
+    lat, errors = [], 0
+    t0 = loop.time()
+    end = t0 + seconds
+
+    async def client():
+        nonlocal errors
+        while loop.time() < end:
+            start = loop.time()
+            if await send():
+                lat.append(loop.time() - start)
+            else:
+                errors += 1
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return {"rate": (len(lat) + errors) / (loop.time() - t0), "lat": lat, "errors": errors}
+
+
+async def measure(endpoints, pids: dict, seconds: float) -> list[dict]:
+    clients: dict[str, RawHttp] = {}
+    out = []
+    for name, server, method, url, status, body in endpoints:
+        base, path = url.split("/", 3)[2], "/" + url.split("/", 3)[3]
+        http = clients.setdefault(base, RawHttp(f"http://{base}"))
+        send = sender(http, method, path, status, body)
+        await closed_loop(send, CONCURRENCY, min(0.5, seconds))  # warm-up: connections, caches
+        for mode, run in (("fixed", lambda: fixed_rate(send, RATE, seconds)),
+                          ("max", lambda: closed_loop(send, CONCURRENCY, seconds))):
+            meter = CpuMeter({"server": pids[server], "worker": pids["worker"]})
+            res = await run()
+            out.append({"name": name, "mode": mode, **res, "cpu": meter.read()})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smoke run: 0.5 s per mode, 20 preloaded jobs")
+    args = ap.parse_args()
+    seconds, preload = (0.5, 20) if args.quick else (5.0, 500)
+
+    bare_port = free_port()
+    bare = subprocess.Popen([sys.executable, "-m", "bench.bare_app", str(bare_port)], cwd=ROOT)
+    try:
+        with service(workers=1) as svc, svc.client() as c:
+            job = c.post("/jobs", json=TINY_JOB).raise_for_status().json()
+            if svc.wait_state(job["id"])["state"] != "succeeded":
+                raise RuntimeError(f"the tiny job failed:\n{svc.output()}")
+            for _ in range(preload):
+                c.post("/jobs", json=POST_BODY).raise_for_status()
+            assert len(c.get("/jobs", params={"limit": 50}).json()["data"]) == 50 or args.quick
+            bare_url = f"http://127.0.0.1:{bare_port}"
+            svc.wait_until(lambda: _up(f"{bare_url}/bare"), 30, "the bare app")
+            endpoints = [  # name, server, method, url, expected status, body
+                ("bare FastAPI GET /bare (ceiling)", "bare", "GET", f"{bare_url}/bare", 200, None),
+                ("bare FastAPI GET /bare-sync", "bare", "GET", f"{bare_url}/bare-sync", 200, None),
+                (f"GET /jobs/{job['id']}", "server", "GET", f"{svc.url}/jobs/{job['id']}", 200, None),
+                ("GET /jobs?limit=50", "server", "GET", f"{svc.url}/jobs?limit=50", 200, None),
+                ("GET /devices", "server", "GET", f"{svc.url}/devices", 200, None),
+                ("POST /jobs", "server", "POST", f"{svc.url}/jobs", 201, POST_BODY),
+            ]
+            pids = {"bare": bare.pid, "server": svc.server.pid, "worker": svc.workers[0].pid}
+            results = asyncio.run(measure(endpoints, pids, seconds))
+    finally:
+        bare.terminate()
+        bare.wait(timeout=10)
+
+    ceiling = next(r["rate"] for r in results if r["mode"] == "max" and r["name"].startswith("bare FastAPI GET /bare "))
+    rows = []
+    for r in results:
+        p50, p99 = 1000 * pct(r["lat"], 50), 1000 * pct(r["lat"], 99)
+        read = r["name"].startswith("GET")
+        if r["mode"] == "fixed":
+            offered, ratio = f"{RATE}/s open loop", ""
+            target = f"p99 < {READ_P99_MS} ms: {verdict(p99, READ_P99_MS)}" if read else ""
+        else:
+            offered, ratio = f"{CONCURRENCY} clients", f"{r['rate'] / ceiling:.2f}x"
+            target = f">= {READ_RATIO}x bare: {verdict(r['rate'] / ceiling, READ_RATIO, below=False)}" if read else ""
+        cpu = r["cpu"]
+        rows.append([r["name"], offered, r["rate"], p50, p99, r["errors"], ratio,
+                     f"{cpu['server']:.0f} / {cpu['loadgen']:.0f} / {cpu['worker']:.0f}", target])
+    print(env_line())
+    print(f"{preload} preloaded jobs; {seconds:g} s per mode; server and load generator are separate processes\n")
+    print(table(["endpoint", "load", "req/s", "p50 ms", "p99 ms", "errors", "vs bare max", "CPU % server / "
+                 "loadgen / worker", "target"], rows))
+    print("\nThe load generator (this process), the server under test and the idle worker share the machine's "
+          f"2 cores, so max-throughput figures are a lower bound for each server: 'CPU %' (100 = one core busy) "
+          "shows who was busy. uvicorn runs one process, so a server can use at most about one core's worth "
+          "of Python. Fixed-rate latency counts from the scheduled send time.")
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Shared helpers for the benchmarks: a throwaway service, percentiles, CPU accounting, markdown tables."""
+import datetime as dt
+import importlib.metadata
+import math
+import os
+import platform
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from app.settings import Settings
+from tests.service import Service
+
+# The production defaults, not tests.service's FAST_ENV (short leases, 0.5 s heartbeats), so that
+# background writes happen as often as they would in a real deployment. TRAINYARD_POLL_S is left
+# at the code's default on purpose: it is what the dispatch benchmark measures.
+PROD_ENV = {"TRAINYARD_LEASE_S": "15", "TRAINYARD_HEARTBEAT_S": "2", "TRAINYARD_GRACE_S": "30"}
+
+TINY_JOB = {"kind": "train", "model": {"arch": "mlp", "hidden": [8]}, "data": {"dataset": "iris"},
+            "train": {"epochs": 1, "batch_size": 32, "checkpoint_every": 0}, "device": "cpu"}
+
+
+def env_line() -> str:
+    poll = Settings.model_fields["poll_s"].default
+    return (f"{os.cpu_count()} CPU cores, no GPU visible to the benchmark · Python {platform.python_version()} · "
+            f"torch {importlib.metadata.version('torch')} · fastapi {importlib.metadata.version('fastapi')} · "
+            f"uvicorn {importlib.metadata.version('uvicorn')} · SQLite · default poll_s {poll} s · "
+            f"{dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}")
+
+
+@contextmanager
+def service(workers: int = 0, device: str = "cpu") -> Iterator[Service]:
+    """`trainyard serve` plus `workers` workers on a fresh temp data dir; all registered on entry."""
+    tmp = Path(tempfile.mkdtemp(prefix="trainyard-bench-"))
+    svc = Service(tmp / "data", env=PROD_ENV)
+    try:
+        svc.start_server()
+        for _ in range(workers):  # start them side by side: each fork server imports torch
+            svc.start_worker(device, wait=False)
+        with svc.client() as c:
+            svc.wait_until(lambda: sum(w["state"] == "idle" for w in c.get("/workers").json()) == workers,
+                           180, f"{workers} idle workers")
+        yield svc
+    finally:
+        svc.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def iso_s(text: str) -> float:
+    """An ISO time from the API (database clock) as epoch seconds."""
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    return s[min(len(s) - 1, max(0, math.ceil(len(s) * q / 100) - 1))]
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process (all its threads) has used so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU use of some processes over a window, as % of one core."""
+
+    def __init__(self, pids: dict[str, int]):
+        self.pids = pids
+        self.start = {k: cpu_s(p) for k, p in pids.items()}
+        self.self_start, self.t0 = time.process_time(), time.monotonic()
+
+    def read(self) -> dict[str, float]:
+        wall = time.monotonic() - self.t0
+        out = {k: 100 * (cpu_s(p) - self.start[k]) / wall for k, p in self.pids.items()}
+        out["loadgen"] = 100 * (time.process_time() - self.self_start) / wall
+        return out
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    def cell(v):
+        return f"{v:.1f}" if isinstance(v, float) else str(v)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def verdict(value: float, target: float, below: bool = True) -> str:
+    ok = value < target if below else value >= target
+    return "met" if ok else "**missed**"

@@ -1,0 +1,120 @@
+"""Hand-written PyTorch training loops, the yardsticks of bench/train_throughput.py.
+
+Run one as `python -m bench.loops CASE LOOP EPOCHS DATA_DIR`; it prints a JSON line with the
+training seconds of each epoch (evaluation excluded, as in the service's samples_per_s).
+- seed000: the Iris loop of shared/seeds/000 (full batch, Adam), verbatim but for the prints.
+- seed002: the CIFAR loop of shared/seeds/002: torchvision FakeData through ToTensor + Normalize,
+  a DataLoader with shuffle and num_workers=2, `.to(device)` per batch, `loss.item()` per step.
+- tight: the best plain eager loop we know: tensors in memory, a shuffled index per epoch, batches
+  sliced from it, losses accumulated on the device and read once per epoch.
+"""
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from app.spec import parse_spec
+from bench.cases import CASES
+from worker import data, nets
+
+
+def seed000(spec, d, device, epochs):
+    torch.manual_seed(spec.train.seed)
+    model = nets.build_model(spec.model, d.input_shape, len(d.class_names)).to(device)
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.Adam(model.parameters(), lr=spec.train.lr)
+    X_train, y_train = d.x_train.to(device), d.y_train.to(device)
+    seconds, losses = [], []
+    for i in range(epochs):
+        start = time.perf_counter()
+        y_pred = model.forward(X_train)
+        loss = criterion(y_pred, y_train)
+        losses.append(loss)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        seconds.append(time.perf_counter() - start)
+    return seconds, len(y_train)
+
+
+def tight(spec, d, device, epochs):
+    torch.manual_seed(spec.train.seed)
+    model = nets.build_model(spec.model, d.input_shape, len(d.class_names)).to(device)
+    criterion = nn.CrossEntropyLoss()
+    optimizer = _optimizer(spec, model)
+    x, y, bs = d.x_train.to(device), d.y_train.to(device), spec.train.batch_size
+    seconds = []
+    for _ in range(epochs):
+        start = time.perf_counter()
+        model.train()
+        total = torch.zeros((), device=device)
+        perm = torch.randperm(len(y), device=device)
+        for i in range(0, len(y), bs):
+            idx = perm[i:i + bs]
+            loss = criterion(model(x[idx]), y[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total += loss.detach()
+        total.item()
+        seconds.append(time.perf_counter() - start)
+    return seconds, len(y)
+
+
+def seed002(spec, d, device, epochs):
+    import torchvision
+    import torchvision.transforms as transforms
+
+    transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))])
+    ds = spec.data
+    fake = torchvision.datasets.FakeData(size=ds.size, image_size=tuple(ds.image_size), num_classes=ds.num_classes,
+                                         transform=transform, random_offset=ds.split_seed * ds.size)
+    train_idx, _ = data.split_indices(ds.size, ds.val_fraction, ds.split_seed)
+    trainset = torch.utils.data.Subset(fake, train_idx.tolist())
+    trainloader = torch.utils.data.DataLoader(trainset, batch_size=spec.train.batch_size, shuffle=True,
+                                              num_workers=2)
+    torch.manual_seed(spec.train.seed)
+    net = nets.build_model(spec.model, d.input_shape, len(d.class_names)).to(device)
+    criterion = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(net.parameters(), lr=spec.train.lr, momentum=spec.train.momentum)
+    seconds = []
+    for epoch in range(epochs):
+        start = time.perf_counter()
+        running_loss = 0.0
+        for i, batch in enumerate(trainloader, 0):
+            inputs, labels = batch[0].to(device), batch[1].to(device)
+            optimizer.zero_grad()
+            outputs = net(inputs)
+            loss = criterion(outputs, labels)
+            loss.backward()
+            optimizer.step()
+            running_loss += loss.item()
+        seconds.append(time.perf_counter() - start)
+    return seconds, len(trainset)
+
+
+def _optimizer(spec, model):
+    p = spec.train
+    if p.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=p.lr, momentum=p.momentum, weight_decay=p.weight_decay)
+    cls = torch.optim.Adam if p.optimizer == "adam" else torch.optim.AdamW
+    return cls(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
+
+
+LOOPS = {"seed000": seed000, "seed002": seed002, "tight": tight}
+
+
+def main() -> None:
+    case, loop, epochs, data_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
+    spec = parse_spec(CASES[case])
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    d = data.load(spec.data, data_dir)
+    seconds, n = LOOPS[loop](spec, d, device, epochs)
+    print(json.dumps({"seconds": seconds, "samples": n}))
+
+
+if __name__ == "__main__":
+    main()
