@@ -111,10 +111,56 @@ def cmd_submit(args, settings: Settings) -> int:
         err.print(f"[red]cannot read a JSON job from {args.file}: {exc}[/red]")
         return 2
     job = call(settings, "POST", "/jobs", json=body).json()
-    if args.wait:
+    if args.follow:
+        job = follow(settings, job["id"])
+    elif args.wait:
         job = wait_for(settings, job["id"], quiet=args.json)
     show_job(job, args.json)
     return 0 if job["state"] in ("queued", "running", "succeeded") else 1
+
+
+def cmd_watch(args, settings: Settings) -> int:
+    job = follow(settings, args.id)
+    show_job(job, args.json)
+    return 0 if job["state"] == "succeeded" else 1
+
+
+def follow(settings: Settings, job_id: int) -> dict:
+    """A live progress bar until the job ends: epoch of epochs, loss, accuracy, speed, device memory."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("job {task.fields[job]} [bold]{task.fields[state]:9}[/]"), BarColumn(),
+               MofNCompleteColumn(), TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=False) as progress:
+        task = progress.add_task("", total=None, job=job_id, state="", stats="")
+        while True:
+            job = call(settings, "GET", f"/jobs/{job_id}").json()
+            p = job["progress"]
+            progress.update(task, total=p.get("epochs"), completed=p.get("epoch") or 0, state=job["state"],
+                            stats=_stats(job))
+            if job["state"] in ("succeeded", "failed", "cancelled"):
+                break
+            time.sleep(0.5)
+    if job["state"] == "failed":
+        err.print(f"[red]job {job_id} failed: [{job['error']['class']}] {job['error']['type']}: "
+                  f"{job['error']['message']}[/red]")
+    return job
+
+
+def _stats(job: dict) -> str:
+    m = job.get("latest_metrics") or {}
+    parts = []
+    if m.get("train_loss") is not None:
+        parts.append(f"loss {m['train_loss']:.4f}")
+    if m.get("val_accuracy") is not None:
+        parts.append(f"val_acc {m['val_accuracy']:.3f}")
+    if m.get("samples_per_s"):
+        parts.append(f"{m['samples_per_s']:,.0f} samples/s")
+    if m.get("memory_allocated") is not None:
+        parts.append(f"mem {_mib(m['memory_allocated'])} alloc / {_mib(m.get('memory_reserved'))} reserved")
+    if job.get("device"):
+        parts.append(job["device"])
+    return "  ".join(parts)
 
 
 def wait_for(settings: Settings, job_id: int, quiet: bool = False) -> dict:
@@ -271,13 +317,15 @@ def build_parser() -> argparse.ArgumentParser:
     s = add("submit", cmd_submit, "submit a job from a JSON file ('-' for stdin)")
     s.add_argument("file")
     s.add_argument("--wait", action="store_true", help="wait until the job ends")
+    s.add_argument("--follow", action="store_true", help="show a live progress bar until the job ends")
     j = add("jobs", cmd_jobs, "list jobs, newest first")
     j.add_argument("--state")
     j.add_argument("--kind")
     j.add_argument("--limit", type=int, default=50)
     for name, fn, help in (("status", cmd_status, "show a job"), ("cancel", cmd_cancel, "cancel a job"),
                            ("retry", cmd_retry, "requeue a failed or cancelled job"),
-                           ("logs", cmd_logs, "print a job's log")):
+                           ("logs", cmd_logs, "print a job's log"),
+                           ("watch", cmd_watch, "show a job's live progress until it ends")):
         add(name, fn, help).add_argument("id", type=int)
     d = add("download", cmd_download, "download a train job's state_dict")
     d.add_argument("id", type=int)

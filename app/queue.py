@@ -99,18 +99,36 @@ def list_jobs(engine: Engine, state: str | None = None, kind: str | None = None,
     return [_d(r) for r in rows], total
 
 
-def get_metrics(engine: Engine, job_id: int) -> list[dict]:
+def get_metrics(engine: Engine, job_id: int, after_epoch: int = 0) -> list[dict]:
     get_job(engine, job_id)
     with read(engine) as conn:
         rows = conn.execute(select(metrics.c.epoch, metrics.c.attempt, metrics.c.data)
-                            .where(metrics.c.job_id == job_id).order_by(metrics.c.epoch)).all()
+                            .where(metrics.c.job_id == job_id, metrics.c.epoch > after_epoch)
+                            .order_by(metrics.c.epoch)).all()
     return [{"epoch": r.epoch, "attempt": r.attempt, **r.data} for r in rows]
 
 
-def count_by_state(engine: Engine) -> dict[tuple[str, str], int]:
+def stats(engine: Engine, buckets: tuple[float, ...]) -> dict[str, Any]:
+    """Aggregates for monitoring, computed by the database: jobs by kind and state, a histogram of
+    finished jobs' durations (cumulative counts per bucket, sum, count), and running jobs' speed."""
+    duration = jobs.c.finished_at - jobs.c.started_at
+    finished = jobs.c.state.in_(("succeeded", "failed")) & jobs.c.started_at.is_not(None)
     with read(engine) as conn:
-        rows = conn.execute(select(jobs.c.kind, jobs.c.state, func.count()).group_by(jobs.c.kind, jobs.c.state)).all()
-    return {(k, s): n for k, s, n in rows}
+        by_state = conn.execute(select(jobs.c.kind, jobs.c.state, func.count())
+                                .group_by(jobs.c.kind, jobs.c.state)).all()
+        hist = conn.execute(select(
+            jobs.c.kind, func.count(), func.coalesce(func.sum(duration), 0.0),
+            *[func.sum(case((duration <= b, 1), else_=0)) for b in buckets],
+        ).where(finished).group_by(jobs.c.kind)).all()
+        running = conn.execute(select(jobs.c.id, jobs.c.kind, jobs.c.device, jobs.c.latest_metrics)
+                               .where(jobs.c.state == "running")).all()
+    return {
+        "by_state": {(k, s): n for k, s, n in by_state},
+        "durations": {row[0]: {"count": row[1], "sum": float(row[2]), "buckets": [int(v or 0) for v in row[3:]]}
+                      for row in hist},
+        "running": [{"id": r.id, "kind": r.kind, "device": r.device,
+                     "samples_per_s": (r.latest_metrics or {}).get("samples_per_s")} for r in running],
+    }
 
 
 # ---- client actions ---------------------------------------------------------------------------

@@ -174,3 +174,42 @@ TRAIN_EXAMPLE = {
 }
 PREDICT_INPUTS_EXAMPLE = {"kind": "predict", "model_job": 1, "inputs": [[5.1, 3.5, 1.4, 0.2]]}
 PREDICT_DATA_EXAMPLE = {"kind": "predict", "model_job": 1, "data": {"dataset": "iris", "split": "val"}}
+
+
+# Built-in datasets: what a client can discover through GET /catalog.
+DATASET_INFO = {
+    "iris": {"source": "shipped", "input_shape": [4], "classes": 3, "samples": 150,
+             "split": "val_fraction/split_seed (as sklearn's train_test_split)"},
+    "digits": {"source": "shipped", "input_shape": [1, 8, 8], "classes": 10, "samples": 1797,
+               "split": "val_fraction/split_seed"},
+    "mnist": {"source": "torchvision (downloaded into the data dir)", "input_shape": [1, 28, 28], "classes": 10,
+              "samples": 70000, "split": "official train / test"},
+    "fashion_mnist": {"source": "torchvision (downloaded into the data dir)", "input_shape": [1, 28, 28],
+                      "classes": 10, "samples": 70000, "split": "official train / test"},
+    "cifar10": {"source": "torchvision (downloaded into the data dir)", "input_shape": [3, 32, 32], "classes": 10,
+                "samples": 60000, "split": "official train / test"},
+    "fake": {"source": "torchvision FakeData", "input_shape": "data.image_size", "classes": "data.num_classes",
+             "samples": "data.size", "split": "val_fraction/split_seed",
+             "params": ["image_size", "num_classes", "size"]},
+}
+ARCH_INFO = {
+    "mlp": {"params": ["hidden", "activation", "dropout", "num_classes"], "inputs": "any (flattened)"},
+    "cnn": {"params": ["channels", "kernel_size", "batch_norm", "activation", "dropout", "num_classes"],
+            "inputs": "images (C, H, W)"},
+    "cifar_net": {"params": ["num_classes"], "inputs": "images (C, 32, 32)"},
+}
+
+
+def catalog() -> dict:
+    """Everything a client may put in a job, with the limits, derived from the models above."""
+    archs = [{"name": name, **ARCH_INFO[name]} for name in ARCHS]
+    archs += [{"name": name, "source": "torchvision.models", "params": ["num_classes"],
+               "inputs": "images (C, H, W); 1-channel images are expanded to 3"} for name in TORCHVISION_ARCHS]
+    return {
+        "architectures": archs,
+        "datasets": [{"name": name, **info} for name, info in DATASET_INFO.items()]
+        + [{"name": "upload:<id>", "source": "POST /datasets"}],
+        "activations": list(ACTIVATIONS),
+        "devices": ["auto", "cpu", "cuda", "cuda:N"],
+        "schemas": {"train": TrainJob.model_json_schema(), "predict": PredictJob.model_json_schema()},
+    }

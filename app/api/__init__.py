@@ -7,7 +7,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from app import __version__, queue
+from app import __version__, metrics, queue
 from app.api.deps import require_token
 from app.api.routes import jobs, system
 from app.db import create_all, make_engine
@@ -25,6 +25,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine = make_engine(settings.db_url)
         create_all(engine)
         app.state.engine = engine
+        app.state.metrics_registry = metrics.registry(engine, settings.lease_s)
         stop = threading.Event()
         reaper = threading.Thread(target=_reap, args=(engine, settings.lease_s / 3, stop), daemon=True)
         reaper.start()

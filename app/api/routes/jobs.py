@@ -1,18 +1,23 @@
-"""Routes for jobs: submit, list, read, cancel, retry, metrics, artifact, result, logs."""
+"""Routes for jobs: submit, list, read, cancel, retry, metrics, events, artifact, result, logs."""
+import asyncio
+import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Body, Header, HTTPException, Path as PathParam, Query, Response
-from fastapi.responses import FileResponse, PlainTextResponse
+from fastapi import APIRouter, Body, Header, HTTPException, Path as PathParam, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
 
 from app import queue
 from app.api.deps import EngineDep, SettingsDep
 from app.api.schemas import JobPublic, JobsPublic, MetricPublic
-from app.spec import (JOB_KINDS, MAX_ID, JOB_STATES, PREDICT_DATA_EXAMPLE, PREDICT_INPUTS_EXAMPLE, TRAIN_EXAMPLE, JobSpec)
+from app.spec import (JOB_KINDS, JOB_STATES, MAX_ID, PREDICT_DATA_EXAMPLE, PREDICT_INPUTS_EXAMPLE, TERMINAL_STATES,
+                      TRAIN_EXAMPLE, JobSpec)
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 # Bounded so that no id reaches the database as an integer it cannot store.
 JobId = Annotated[int, PathParam(ge=1, le=MAX_ID)]
+EVENTS_POLL_S = 0.25
 
 EXAMPLES = {
     "train": {"summary": "Train an MLP on Iris", "value": TRAIN_EXAMPLE},
@@ -60,6 +65,43 @@ def retry_job(job_id: JobId, engine: EngineDep) -> JobPublic:
 @router.get("/{job_id}/metrics", response_model=list[MetricPublic])
 def job_metrics(job_id: JobId, engine: EngineDep) -> list[dict]:
     return queue.get_metrics(engine, job_id)
+
+
+@router.get("/{job_id}/events", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}})
+async def job_events(job_id: JobId, engine: EngineDep, request: Request) -> StreamingResponse:
+    """Server-Sent Events: `state` on every change of state or run, `epoch` for each epoch's metrics,
+    then `end` when the job ends. Reconnecting replays the job's current state and all its epochs."""
+    await run_in_threadpool(queue.get_job, engine, job_id)  # 404 before the stream starts
+
+    async def stream():
+        sent_state, last_epoch, idle = None, 0, 0.0
+        while not await request.is_disconnected():
+            job = await run_in_threadpool(queue.get_job, engine, job_id)
+            state = (job["state"], job["claim"])
+            if state != sent_state:
+                sent_state = state
+                # A resumed run re-runs the epochs after its checkpoint: send them again.
+                last_epoch = min(last_epoch, job["checkpoint_epoch"] or 0) if job["state"] == "running" else last_epoch
+                yield _sse("state", JobPublic.from_row(job).model_dump(mode="json"))
+            for m in await run_in_threadpool(queue.get_metrics, engine, job_id, last_epoch):
+                last_epoch = m["epoch"]
+                yield _sse("epoch", m)
+            if job["state"] in TERMINAL_STATES:
+                yield _sse("end", {"id": job_id, "state": job["state"]})
+                return
+            await asyncio.sleep(EVENTS_POLL_S)
+            idle += EVENTS_POLL_S
+            if idle >= 15:  # a comment line keeps proxies from closing a quiet stream
+                idle = 0.0
+                yield ": keep-alive\n\n"
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _sse(event: str, data: dict) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
 @router.get("/{job_id}/result")

@@ -1,7 +1,9 @@
 """Routes about the service itself: devices, workers, health."""
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from app import devices, queue
+from app import devices, metrics, queue, spec
 from app.api.deps import EngineDep, SettingsDep
 from app.api.schemas import WorkerPublic, ts
 
@@ -16,6 +18,20 @@ def get_devices(engine: EngineDep, settings: SettingsDep) -> dict:
     workers, now = queue.list_workers(engine)
     return devices.build_payload(devices.nvml_devices(), workers, now, devices.torch_build_info(),
                                  devices.cpu_info(), stale_after_s=settings.lease_s)
+
+
+@router.get("/metrics", response_class=Response,
+            responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}})
+def get_metrics(request: Request) -> Response:
+    """Prometheus metrics (names prefixed trainyard_): jobs by state and kind, queue depth, job
+    durations, workers alive, device memory, torch allocator memory, samples/s of running jobs."""
+    return Response(metrics.render(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/catalog")
+def get_catalog() -> dict:
+    """The architectures, datasets and job fields a client may submit, with their limits."""
+    return spec.catalog()
 
 
 @router.get("/workers", response_model=list[WorkerPublic])

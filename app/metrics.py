@@ -1,0 +1,77 @@
+"""Prometheus metrics: the queue, the workers and the devices, read fresh at every scrape.
+
+Nothing is counted in the server's memory: with several servers (or a restart) the numbers come
+from the shared database, so every scrape of any server tells the same story.
+"""
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from sqlalchemy.engine import Engine
+
+from app import devices, queue
+from app.spec import JOB_KINDS, JOB_STATES
+
+DURATION_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
+
+
+class _Collector:
+    def __init__(self, engine: Engine, stale_after_s: float):
+        self.engine = engine
+        self.stale_after_s = stale_after_s
+
+    def collect(self):
+        st = queue.stats(self.engine, DURATION_BUCKETS)
+        jobs = GaugeMetricFamily("trainyard_jobs", "Jobs by kind and state", labels=["kind", "state"])
+        for kind in JOB_KINDS:
+            for state in JOB_STATES:
+                jobs.add_metric([kind, state], st["by_state"].get((kind, state), 0))
+        yield jobs
+        yield GaugeMetricFamily("trainyard_queue_depth", "Jobs waiting for a worker",
+                                value=sum(n for (_, s), n in st["by_state"].items() if s == "queued"))
+
+        hist = HistogramMetricFamily("trainyard_job_duration_seconds", "Run time of finished jobs (latest run)",
+                                     labels=["kind"])
+        for kind, h in st["durations"].items():
+            buckets = [(repr(b), n) for b, n in zip(DURATION_BUCKETS, h["buckets"])] + [("+Inf", h["count"])]
+            hist.add_metric([kind], buckets, h["sum"])
+        yield hist
+
+        speed = GaugeMetricFamily("trainyard_job_samples_per_second", "Training speed of running jobs (last epoch)",
+                                  labels=["job_id", "device"])
+        for r in st["running"]:
+            if r["samples_per_s"] is not None:
+                speed.add_metric([str(r["id"]), r["device"] or ""], r["samples_per_s"])
+        yield speed
+
+        payload = devices.build_payload(devices.nvml_devices(), *queue.list_workers(self.engine),
+                                        devices.torch_build_info(), devices.cpu_info(), self.stale_after_s)
+        alive = GaugeMetricFamily("trainyard_workers_alive", "Workers with a recent heartbeat", labels=["device"])
+        used = GaugeMetricFamily("trainyard_device_memory_used_bytes", "GPU memory in use (NVML)", labels=["device"])
+        total = GaugeMetricFamily("trainyard_device_memory_total_bytes", "GPU memory (NVML)", labels=["device"])
+        allocated = GaugeMetricFamily("trainyard_torch_memory_allocated_bytes",
+                                      "torch.cuda.memory_allocated of each worker's job", labels=["device", "worker"])
+        reserved = GaugeMetricFamily("trainyard_torch_memory_reserved_bytes",
+                                     "torch.cuda.memory_reserved of each worker's job", labels=["device", "worker"])
+        groups = [(f"cuda:{d['index']}", d["workers"], d) for d in payload["cuda_devices"]]
+        groups.append(("cpu", payload["cpu"]["workers"], None))
+        for name, workers, gpu in groups:
+            alive.add_metric([name], sum(1 for w in workers if w["state"] in ("idle", "busy")))
+            if gpu is not None:
+                used.add_metric([name], gpu["memory_used"])
+                total.add_metric([name], gpu["memory_total"])
+            for w in workers:
+                torch_stats = w.get("torch") or {}
+                if torch_stats.get("memory_allocated") is not None:
+                    allocated.add_metric([name, w["id"]], torch_stats["memory_allocated"])
+                if torch_stats.get("memory_reserved") is not None:
+                    reserved.add_metric([name, w["id"]], torch_stats["memory_reserved"])
+        yield from (alive, used, total, allocated, reserved)
+
+
+def registry(engine: Engine, stale_after_s: float) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(_Collector(engine, stale_after_s))
+    return reg
+
+
+def render(reg: CollectorRegistry) -> bytes:
+    return generate_latest(reg)

@@ -1,0 +1,95 @@
+"""Watching jobs: Server-Sent Events, logs, Prometheus metrics, the catalog, and the CLI's live view."""
+import json
+import subprocess
+import sys
+
+from tests.conftest import tiny_job
+from tests.service import ROOT
+
+FAILING = {**tiny_job(), "model": {"arch": "cifar_net"}}  # iris rows are not 3x32x32 images
+
+
+def read_events(service, job_id: int) -> list[tuple[str, dict]]:
+    events, kind = [], None
+    with service.client() as c, c.stream("GET", f"/jobs/{job_id}/events", timeout=120) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                events.append((kind, json.loads(line[6:])))
+    return events
+
+
+def test_events_stream_states_and_epochs_then_ends(service):
+    job = service.submit(tiny_job(epochs=4))
+    service.start_worker("cpu", wait=False)  # it takes seconds to start: the stream sees the job queued
+    events = read_events(service, job["id"])  # returns only because the stream ends with the job
+    kinds = [k for k, _ in events]
+    assert kinds[-1] == "end" and events[-1][1] == {"id": job["id"], "state": "succeeded"}
+    assert [e["state"] for k, e in events if k == "state"] == ["queued", "running", "succeeded"]
+    epochs = [e for k, e in events if k == "epoch"]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3, 4] and all("train_loss" in e for e in epochs)
+    with service.client() as c:
+        assert c.get("/jobs/999/events").status_code == 404
+
+
+def test_logs_hold_training_output_and_the_traceback(service):
+    service.start_worker("cpu")
+    ok = service.wait_state(service.submit(tiny_job(epochs=3))["id"])
+    bad = service.wait_state(service.submit(FAILING)["id"])
+    assert bad["state"] == "failed" and bad["error"]["class"] == "job"
+    with service.client() as c:
+        log = c.get(f"/jobs/{ok['id']}/logs").text
+        assert "training mlp" in log and "epoch 3/3" in log
+        log = c.get(f"/jobs/{bad['id']}/logs").text
+        assert "Traceback" in log and bad["error"]["type"] in log
+
+
+def test_prometheus_metrics(service):
+    service.start_worker("cpu")
+    service.wait_state(service.submit(tiny_job())["id"])
+    service.wait_state(service.submit(FAILING)["id"])
+    service.submit({**tiny_job(), "device": "cuda:5"})  # stays queued
+    with service.client() as c:
+        r = c.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    assert 'trainyard_jobs{kind="train",state="succeeded"} 1.0' in text
+    assert 'trainyard_jobs{kind="train",state="failed"} 1.0' in text
+    assert "trainyard_queue_depth 1.0" in text
+    assert 'trainyard_job_duration_seconds_count{kind="train"} 2.0' in text
+    assert 'trainyard_workers_alive{device="cpu"} 1.0' in text
+    for name in ("trainyard_device_memory_used_bytes", "trainyard_torch_memory_allocated_bytes",
+                 "trainyard_job_samples_per_second"):
+        assert f"# TYPE {name} gauge" in text
+
+
+def test_catalog(service):
+    with service.client() as c:
+        cat = c.get("/catalog").json()
+    names = [a["name"] for a in cat["architectures"]]
+    assert names[:3] == ["mlp", "cnn", "cifar_net"] and "resnet18" in names
+    assert {d["name"] for d in cat["datasets"]} >= {"iris", "digits", "mnist", "fashion_mnist", "cifar10", "fake"}
+    assert cat["schemas"]["train"]["properties"]["train"]
+
+
+def test_cli_follow_and_watch(service, tmp_path):
+    service.start_worker("cpu")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env={**service.env, "COLUMNS": "160"},
+                              capture_output=True, text=True, timeout=120)
+
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(tiny_job(epochs=5)))
+    r = cli("submit", str(good), "--follow")
+    assert r.returncode == 0, r.stderr
+    assert "5/5" in r.stderr and "succeeded" in r.stderr and "val_acc" in r.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(FAILING))
+    r = cli("submit", str(bad), "--follow")
+    assert r.returncode == 1 and "failed" in r.stderr and "JobError" in r.stderr
+    job_id = service.submit(tiny_job(epochs=2))["id"]
+    r = cli("watch", str(job_id))
+    assert r.returncode == 0 and "2/2" in r.stderr
