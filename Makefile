@@ -12,7 +12,9 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
+# The browser tests drive Debian's chromium (Playwright's own browser download is not used).
 setup: $(BIN)/.installed
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
 run: setup
 	$(BIN)/trainyard up

@@ -159,9 +159,16 @@ def test_split_for_predict_keeps_the_training_fake_shape(tmp_path):
     assert torch.equal(x, d.x_val) and torch.equal(y, d.y_val)
 
 
-def test_uploaded_datasets_not_supported_yet(tmp_path):
-    with pytest.raises(JobError, match="uploaded datasets are not supported yet"):
+def test_missing_upload_is_a_clear_job_error(tmp_path):
+    with pytest.raises(JobError, match=r"dataset upload:abc123 not found in .*; it may have been deleted"):
         data.load(DataSpec(dataset="upload:abc123"), tmp_path)
+
+
+def test_uploaded_pixels_are_scaled_features_are_not():
+    pixels = torch.tensor([[0, 255]], dtype=torch.uint8)
+    assert data.normalize("upload:x", pixels).tolist() == [[-1.0, 1.0]]
+    assert data.normalize("upload:x", torch.tensor([[0.0, 255.0]]), pixels=True).tolist() == [[-1.0, 1.0]]
+    assert data.normalize("upload:x", torch.tensor([[0.5, 7.0]])).tolist() == [[0.5, 7.0]]
 
 
 def test_digits_csv_is_the_sklearn_digits_data():

@@ -44,6 +44,7 @@ class TensorData:
     y_val: Tensor
     input_shape: tuple[int, ...]  # per sample: (4,) iris, (1, 8, 8) digits, (3, 32, 32) cifar10
     class_names: list[str]
+    pixels: bool = False  # the raw values were uint8 pixels (so raw inputs at inference are 0..255)
 
 
 @dataclass
@@ -57,12 +58,17 @@ class _Raw:
     official_train: int | None = None
 
 
-def normalize(dataset: str, x: Tensor) -> Tensor:
+def normalize(dataset: str, x: Tensor, pixels: bool | None = None) -> Tensor:
     """Raw values in the dataset's original scale -> the float32 model inputs training used.
 
     iris: unchanged (the tutorial trains on raw features); digits: 0..16 -> 0..1;
     torchvision datasets and fake: 0..255 -> /255, then (x - mean) / std.
     """
+    if dataset.startswith(UPLOAD_PREFIX):
+        # Uploaded images are uint8 pixels, scaled like fake/cifar10; features are used as given.
+        # Inference passes `pixels` from the artifact, since JSON rows arrive as floats.
+        pixels = x.dtype == torch.uint8 if pixels is None else pixels
+        return (x.float() / 255.0 - 0.5) / 0.5 if pixels else x.float()
     x = x.float()
     if dataset == "digits":
         return x / 16.0
@@ -93,7 +99,8 @@ def load(spec: DataSpec, data_dir: Path, device: torch.device | None = None) -> 
     place = _placement(raw, device)
     x_train, y_train = _take(spec.dataset, raw, train_idx, place)
     x_val, y_val = _take(spec.dataset, raw, val_idx, place)
-    return TensorData(x_train, y_train, x_val, y_val, tuple(raw.x.shape[1:]), raw.class_names)
+    return TensorData(x_train, y_train, x_val, y_val, tuple(raw.x.shape[1:]), raw.class_names,
+                      pixels=raw.x.dtype == torch.uint8)
 
 
 def split_for_predict(data: PredictData, train_data_spec: DataSpec, data_dir: Path,
@@ -237,7 +244,29 @@ def _decode_torchvision(ds) -> tuple[Tensor, Tensor]:
 
 
 def _upload(upload_id: str, data_dir: Path) -> _Raw:
-    raise JobError("uploaded datasets are not supported yet")
+    """A dataset uploaded through POST /datasets, as app/uploads.py validated and stored it: float32
+    features (used as given) or uint8 N x C x H x W pixels; int64 labels; class names from its meta."""
+    import json
+
+    from app import uploads
+
+    try:
+        folder = uploads.upload_dir(data_dir, upload_id)
+    except uploads.NotFound as e:
+        raise JobError(str(e)) from None
+    try:
+        classes = [str(c) for c in json.loads((folder / uploads.META_FILE).read_text())["classes"]]
+        with np.load(folder / uploads.DATA_FILE, allow_pickle=False) as stored:
+            x, y = stored["x"], stored["y"]
+    except FileNotFoundError:
+        raise JobError(f"dataset upload:{upload_id} not found in {folder.parent}; it may have been deleted") from None
+    except (OSError, ValueError, KeyError) as e:
+        raise JobError(f"dataset upload:{upload_id} in {folder} is damaged ({type(e).__name__}: {e})") from None
+    if x.dtype not in (np.uint8, np.float32) or y.dtype != np.int64 or len(x) != len(y) or \
+            (len(y) and not 0 <= y.min() <= y.max() < len(classes)):
+        raise JobError(f"dataset upload:{upload_id} in {folder} is damaged (x {x.dtype} {x.shape}, "
+                       f"y {y.dtype} {y.shape}, {len(classes)} classes)")
+    return _Raw(torch.from_numpy(x), torch.from_numpy(y), classes)
 
 
 _LOADERS: dict[str, Callable[[DataSpec, Path], _Raw]] = {"iris": _iris, "digits": _digits, "fake": _fake}

@@ -66,7 +66,8 @@ def predict(spec: PredictJob, ctx: JobContext, model_dir: Path, train_spec: Trai
     autocast = lambda: devices.autocast(ctx.device, precision)  # noqa: E731
 
     if spec.inputs is not None:
-        return _predict_inputs(spec, ctx, model, input_shape, class_names, train_spec.data.dataset, autocast)
+        return _predict_inputs(spec, ctx, model, input_shape, class_names, train_spec.data.dataset, autocast,
+                               pixels=meta.get("pixels"))
 
     x, y, _names = data.split_for_predict(spec.data, train_spec.data, ctx.data_dir, ctx.device)
     if tuple(x.shape[1:]) != input_shape:
@@ -92,7 +93,7 @@ def predict(spec: PredictJob, ctx: JobContext, model_dir: Path, train_spec: Trai
 
 
 def _predict_inputs(spec: PredictJob, ctx: JobContext, model: nn.Module, input_shape: tuple[int, ...],
-                    class_names: list[str], dataset: str, autocast) -> dict[str, Any]:
+                    class_names: list[str], dataset: str, autocast, pixels: bool | None = None) -> dict[str, Any]:
     """Inputs are raw values in the dataset's original scale (iris: cm; digits: 0..16 per pixel;
     mnist, fashion_mnist, cifar10, fake: 0..255 per pixel, channels first, flattened), so they get
     the same normalisation training applied."""
@@ -102,7 +103,7 @@ def _predict_inputs(spec: PredictJob, ctx: JobContext, model: nn.Module, input_s
         raise JobError(f"inputs: each row must have {width} values (the model takes samples of shape "
                        f"{input_shape}, flattened), got {got}")
     x = torch.tensor(spec.inputs, dtype=torch.float32).reshape(-1, *input_shape)
-    x = data.normalize(dataset, x)
+    x = data.normalize(dataset, x, pixels)
     model.eval()
     probs = F.softmax(logits_in_batches(model, x, spec.batch_size, ctx.device, autocast), dim=1).cpu()
     top = probs.argmax(dim=1).tolist()

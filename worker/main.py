@@ -49,7 +49,6 @@ class Running:
     outcome: str | None = None          # succeeded / failed / requeued / lost
     stop_reason: str | None = None      # why we are stopping the process, if we are
     stop_deadline: float | None = None
-    events: int = 0
     log_path: Path | None = None
     extra: dict = field(default_factory=dict)
 
@@ -64,7 +63,6 @@ class Worker:
         self.engine = make_engine(settings.db_url)
         self.id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.stopping = False
-        self.signals = 0
         self.jobs_done = 0
         self.stats: dict[str, Any] = {}
         self._next_beat = 0.0
@@ -86,7 +84,6 @@ class Worker:
     # -- lifecycle --------------------------------------------------------------------------------
 
     def _on_signal(self, signum, frame) -> None:
-        self.signals += 1
         self.stopping = True
 
     def run(self) -> int:

@@ -153,6 +153,7 @@ def train(spec: TrainJob, ctx: JobContext) -> dict[str, Any]:
         last = {"train_loss": None, "train_accuracy": None, "val_loss": val_loss, "val_accuracy": val_accuracy}
 
     meta = {"spec": spec.model_dump(mode="json"), "input_shape": list(d.input_shape), "num_classes": num_outputs,
+            "pixels": d.pixels,
             "class_names": d.class_names, "precision": precision}
     artifacts.save_artifact(ctx.artifact_dir, model, meta)
     memory = devices.memory_stats(device) or {}

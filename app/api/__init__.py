@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from app import __version__, metrics, queue
 from app.api.deps import require_token
-from app.api.routes import jobs, system
+from app.api.routes import dashboard, datasets, jobs, system
 from app.db import create_all, make_engine
 from app.settings import Settings, get_settings
 
@@ -40,8 +40,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     auth = [Depends(require_token)]
     app.include_router(jobs.router, dependencies=auth)
+    app.include_router(datasets.router, dependencies=auth)
     app.include_router(system.router, dependencies=auth)
     app.include_router(system.health_router)
+    app.include_router(dashboard.router)  # the page holds no data: served without auth, its API calls carry the token
 
     @app.exception_handler(queue.NotFound)
     async def _not_found(request: Request, exc: queue.NotFound):

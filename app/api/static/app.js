@@ -1,0 +1,728 @@
+// trainyard dashboard: plain JS, no dependencies, no build step. Talks to its own origin only.
+"use strict";
+(() => {
+  const POLL_MS = 1000;
+  const TOKEN_KEY = "trainyard.token";
+  const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+  const CANCELLABLE = new Set(["queued", "running"]);
+  const RETRYABLE = new Set(["failed", "cancelled"]);
+  const SVG = "http://www.w3.org/2000/svg";
+
+  // ---- small helpers -------------------------------------------------------------------------
+
+  const $ = (id) => document.getElementById(id);
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") node.className = v;
+      else if (k === "text") node.textContent = v;
+      else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+      else node.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined || c === false) continue;
+      node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return node;
+  }
+
+  function svg(tag, attrs, ...children) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined) continue;
+      if (k === "text") node.textContent = v;
+      else node.setAttribute(k, String(v));
+    }
+    for (const c of children.flat()) if (c) node.append(c);
+    return node;
+  }
+
+  function setText(node, text) {
+    text = text === null || text === undefined ? "" : String(text);
+    if (node.textContent !== text) node.textContent = text;
+  }
+
+  function setAttr(node, name, value) {
+    value = String(value);
+    if (node.getAttribute(name) !== value) node.setAttribute(name, value);
+  }
+
+  const isNum = (v) => typeof v === "number" && Number.isFinite(v);
+
+  function fmtBytes(n) {
+    if (!isNum(n)) return "–";
+    if (Math.abs(n) >= 2 ** 30) return (n / 2 ** 30).toFixed(2) + " GiB";
+    if (Math.abs(n) >= 2 ** 20) return (n / 2 ** 20).toFixed(0) + " MiB";
+    if (Math.abs(n) >= 2 ** 10) return (n / 2 ** 10).toFixed(0) + " KiB";
+    return n + " B";
+  }
+
+  const fmtLoss = (v) => (isNum(v) ? (Math.abs(v) >= 1000 ? v.toExponential(2) : v.toFixed(4)) : "–");
+  const fmtPct = (v) => (isNum(v) ? (v * 100).toFixed(1) + "%" : "–");
+
+  function fmtDuration(s) {
+    if (!isNum(s)) return "–";
+    s = Math.max(0, s);
+    if (s < 60) return s.toFixed(s < 10 ? 1 : 0) + " s";
+    const m = Math.floor(s / 60);
+    if (m < 60) return `${m} m ${String(Math.floor(s % 60)).padStart(2, "0")} s`;
+    return `${Math.floor(m / 60)} h ${String(m % 60).padStart(2, "0")} m`;
+  }
+
+  const parseTime = (iso) => (iso ? Date.parse(iso) : NaN);
+
+  function fmtTime(iso) {
+    const t = parseTime(iso);
+    return Number.isNaN(t) ? "–" : new Date(t).toLocaleString();
+  }
+
+  /** Seconds the job has spent in its current phase (waiting, running, or how long it ran). */
+  function jobTime(job) {
+    const now = Date.now();
+    const created = parseTime(job.created_at), started = parseTime(job.started_at);
+    const finished = parseTime(job.finished_at);
+    if (job.state === "queued") return { label: "waiting", s: (now - created) / 1000 };
+    if (job.state === "running") return { label: "running", s: (now - (started || created)) / 1000 };
+    if (!Number.isNaN(finished)) {
+      const from = Number.isNaN(started) ? created : started;
+      return { label: "took", s: (finished - from) / 1000 };
+    }
+    return { label: "", s: NaN };
+  }
+
+  function jobSummary(job) {
+    const s = job.spec || {};
+    if (job.kind === "predict") {
+      const what = s.inputs ? `${s.inputs.length} rows` : s.data ? `${s.data.dataset}/${s.data.split || "val"}` : "";
+      return `model of job ${s.model_job}` + (what ? ` · ${what}` : "");
+    }
+    return [s.model && s.model.arch, s.data && s.data.dataset].filter(Boolean).join(" · ");
+  }
+
+  function latest(job, key) {
+    const m = job.latest_metrics || {};
+    if (isNum(m[key])) return m[key];
+    const r = job.result || {};
+    if (isNum(r[key])) return r[key];
+    if (key === "val_accuracy" && isNum(r.accuracy)) return r.accuracy;
+    return null;
+  }
+
+  function badge(state, testid) {
+    return el("span", { class: `badge state-${state}`, "data-testid": testid, "data-state": state, text: state });
+  }
+
+  function updateBadge(node, state) {
+    setText(node, state);
+    setAttr(node, "class", `badge state-${state}`);
+    setAttr(node, "data-state", state);
+  }
+
+  // ---- API access, with the bearer token ---------------------------------------------------------
+
+  class Unauthorized extends Error {}
+  class ApiError extends Error {
+    constructor(status, detail) {
+      super(`${status}: ${detail}`);
+      this.status = status;
+    }
+  }
+
+  function loadToken() {
+    try { return localStorage.getItem(TOKEN_KEY) || ""; } catch (e) { return ""; }
+  }
+
+  function storeToken(value) {
+    try {
+      if (value) localStorage.setItem(TOKEN_KEY, value);
+      else localStorage.removeItem(TOKEN_KEY);
+    } catch (e) { /* storage disabled: the token lives for this page only */ }
+  }
+
+  let token = loadToken();
+
+  async function api(path, options = {}) {
+    const headers = { Accept: "application/json", ...(options.headers || {}) };
+    if (token) headers.Authorization = `Bearer ${token}`;
+    // Relative to the page (not "/jobs"), so that the dashboard also works behind a proxy under a path prefix.
+    const r = await fetch(path.replace(/^\//, ""), { ...options, headers, cache: "no-store", credentials: "omit" });
+    if (r.status === 401) throw new Unauthorized("the API wants a bearer token");
+    if (!r.ok) {
+      let detail = r.statusText;
+      try {
+        const body = await r.json();
+        detail = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail);
+      } catch (e) { /* not JSON */ }
+      throw new ApiError(r.status, detail);
+    }
+    const type = r.headers.get("content-type") || "";
+    return type.includes("json") ? r.json() : r.text();
+  }
+
+  // ---- polling and routing -----------------------------------------------------------------------
+
+  let timer = null;
+  let generation = 0; // bumped on every tick and route change: late answers of older ticks are dropped
+  let authNeeded = false;
+
+  function route() {
+    const m = location.hash.match(/^#\/jobs\/(\d+)\/?$/);
+    return m ? { view: "job", id: Number(m[1]) } : { view: "list" };
+  }
+
+  function setStatus(text, kind) {
+    const node = $("status");
+    setText(node, text);
+    setAttr(node, "class", `status ${kind || ""}`);
+  }
+
+  async function tick() {
+    clearTimeout(timer);
+    timer = null;
+    if (authNeeded) return;
+    const gen = ++generation;
+    const current = () => gen === generation;
+    try {
+      if (!document.hidden) {
+        const r = route();
+        if (r.view === "job") await refreshJob(r.id, current);
+        else await refreshList(current);
+        if (current()) setStatus("live", "ok");
+      }
+    } catch (e) {
+      if (e instanceof Unauthorized) {
+        showAuth();
+        return;
+      }
+      if (current()) setStatus(e instanceof ApiError ? `error ${e.message}` : "server unreachable, retrying", "bad");
+    }
+    if (current() && !authNeeded) timer = setTimeout(tick, POLL_MS);
+  }
+
+  function showView() {
+    const r = route();
+    $("view-list").hidden = r.view !== "list";
+    $("view-job").hidden = r.view !== "job";
+    document.title = r.view === "job" ? `Job ${r.id} · trainyard` : "trainyard";
+    if (r.view === "job" && jobView.id !== r.id) resetJobView(r.id);
+  }
+
+  window.addEventListener("hashchange", () => {
+    showView();
+    tick();
+  });
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden) tick();
+  });
+
+  // ---- the token -----------------------------------------------------------------------------------
+
+  function showAuth() {
+    authNeeded = true;
+    clearTimeout(timer);
+    $("auth").hidden = false;
+    $("main").hidden = true;
+    const err = $("token-error");
+    err.hidden = !token;
+    setText(err, token ? "The stored token was refused. Enter the current one." : "");
+    setStatus("token needed", "bad");
+    $("token-input").focus();
+  }
+
+  function hideAuth() {
+    authNeeded = false;
+    $("auth").hidden = true;
+    $("main").hidden = false;
+  }
+
+  $("token-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const value = $("token-input").value.trim();
+    if (!value) return;
+    token = value;
+    storeToken(value);
+    $("token-input").value = "";
+    $("token-forget").hidden = false;
+    hideAuth();
+    tick();
+  });
+
+  $("token-forget").addEventListener("click", () => {
+    token = "";
+    storeToken("");
+    $("token-forget").hidden = true;
+    tick();
+  });
+  $("token-forget").hidden = !token;
+
+  // ---- cancel and retry ----------------------------------------------------------------------------
+
+  function actionButtons(id) {
+    const mk = (action, label) => el("button", {
+      type: "button", class: `btn btn-${action}`, "data-action": action, "data-job": id,
+      "aria-label": `${label} job ${id}`, "data-testid": `${action}-${id}`, hidden: true, text: label,
+    });
+    return [mk("cancel", "Cancel"), mk("retry", "Retry")];
+  }
+
+  function updateActions(buttons, state) {
+    const [cancel, retry] = buttons;
+    const showCancel = CANCELLABLE.has(state), showRetry = RETRYABLE.has(state);
+    if (cancel.hidden === showCancel) cancel.hidden = !showCancel;
+    if (retry.hidden === showRetry) retry.hidden = !showRetry;
+  }
+
+  document.addEventListener("click", async (ev) => {
+    const button = ev.target.closest("button[data-action]");
+    if (!button || button.disabled) return;
+    const { action, job } = button.dataset;
+    button.disabled = true;
+    try {
+      await api(`/jobs/${job}/${action}`, { method: "POST" });
+      setStatus(`job ${job}: ${action === "cancel" ? "cancelled" : "requeued"}`, "ok");
+    } catch (e) {
+      if (e instanceof Unauthorized) { showAuth(); return; }
+      setStatus(`could not ${action} job ${job}: ${e.message}`, "bad");
+    } finally {
+      button.disabled = false;
+    }
+    tick();
+  });
+
+  // ---- the job list ----------------------------------------------------------------------------------
+
+  const rows = new Map(); // job id -> row parts, updated in place so buttons and focus survive polling
+
+  function progressBar(label) {
+    const fill = el("span", { class: "bar-fill" });
+    const bar = el("span", {
+      class: "bar", role: "progressbar", "aria-label": label, "aria-valuemin": 0, "aria-valuemax": 100,
+    }, fill);
+    const text = el("span", { class: "num bar-text" });
+    return { node: el("span", { class: "progress" }, bar, text), bar, fill, text };
+  }
+
+  function updateProgress(p, job) {
+    const { epoch, epochs } = job.progress || {};
+    let frac = null, text = "";
+    if (isNum(epochs) && epochs > 0) {
+      frac = Math.min(1, (epoch || 0) / epochs);
+      text = `${epoch || 0}/${epochs}`;
+    } else if (job.state === "succeeded") {
+      frac = 1;
+    }
+    const width = frac === null ? "0%" : `${(frac * 100).toFixed(1)}%`;
+    if (!p.drawn) {
+      // The first width is shown as is; later changes slide.
+      p.fill.style.transition = "none";
+      p.fill.style.width = width;
+      void p.fill.offsetWidth;
+      p.fill.style.transition = "";
+      p.drawn = true;
+    } else if (p.fill.style.width !== width) {
+      p.fill.style.width = width;
+    }
+    setAttr(p.bar, "aria-valuenow", frac === null ? 0 : Math.round(frac * 100));
+    setAttr(p.bar, "data-state", job.state);
+    setText(p.text, text);
+  }
+
+  function makeRow(id) {
+    const href = `#/jobs/${id}`;
+    const link = el("a", { href, class: "num", text: `${id}` });
+    const name = el("a", { href, class: "job-name" });
+    const summary = el("span", { class: "muted job-summary" });
+    const state = badge("queued", `job-state-${id}`);
+    const progress = progressBar(`Job ${id} progress`);
+    const loss = el("td", { class: "num", "data-testid": `job-loss-${id}` });
+    const acc = el("td", { class: "num", "data-testid": `job-acc-${id}` });
+    const device = el("td", { class: "device" });
+    const time = el("td", { class: "num" });
+    const buttons = actionButtons(id);
+    const tr = el("tr", { "data-testid": `job-row-${id}`, "data-job": id },
+      el("td", { class: "num" }, link),
+      el("td", null, name, summary),
+      el("td", null, state),
+      el("td", null, progress.node),
+      loss, acc, device, time,
+      el("td", { class: "actions" }, buttons));
+    return { tr, name, summary, state, progress, loss, acc, device, time, buttons };
+  }
+
+  function updateRow(row, job) {
+    setText(row.name, job.name || `${job.kind} job`);
+    setText(row.summary, jobSummary(job));
+    updateBadge(row.state, job.state);
+    setAttr(row.tr, "data-state", job.state);
+    updateProgress(row.progress, job);
+    setText(row.loss, fmtLoss(latest(job, "train_loss")));
+    setText(row.acc, fmtPct(latest(job, "val_accuracy")));
+    const requested = (job.spec && job.spec.device) || "auto";
+    setText(row.device, job.device || requested);
+    setAttr(row.device, "title", `requested: ${requested}`);
+    const t = jobTime(job);
+    setText(row.time, fmtDuration(t.s));
+    setAttr(row.time, "title", `${t.label} · created ${fmtTime(job.created_at)}`);
+    updateActions(row.buttons, job.state);
+  }
+
+  async function refreshList(current) {
+    const [jobs, devices] = await Promise.all([api("/jobs?limit=100"), api("/devices")]);
+    if (!current()) return;
+    const body = $("jobs-body");
+    const seen = new Set();
+    jobs.data.forEach((job, i) => {
+      let row = rows.get(job.id);
+      if (!row) {
+        row = makeRow(job.id);
+        rows.set(job.id, row);
+      }
+      updateRow(row, job);
+      if (body.children[i] !== row.tr) body.insertBefore(row.tr, body.children[i] || null);
+      seen.add(job.id);
+    });
+    for (const [id, row] of rows) {
+      if (!seen.has(id)) {
+        row.tr.remove();
+        rows.delete(id);
+      }
+    }
+    $("jobs-empty").hidden = jobs.count > 0;
+    const shown = jobs.data.length;
+    setText($("jobs-count"), jobs.count > shown ? `newest ${shown} of ${jobs.count}` : `${jobs.count} total`);
+    renderDevices(devices);
+  }
+
+  // ---- devices -----------------------------------------------------------------------------------------
+
+  function workerItem(w) {
+    const job = w.job_id ? el("a", { href: `#/jobs/${w.job_id}`, text: `job ${w.job_id}` }) : el("span", { class: "muted", text: "no job" });
+    return el("li", { class: "worker", "data-testid": `worker-${w.id}`, "data-state": w.state },
+      badge(w.state, null), " ",
+      el("span", { class: "mono", text: w.id }), " ",
+      el("span", { class: "muted", text: `${w.host}:${w.pid}` }), " · ", job,
+      el("span", { class: "muted hb", text: ` · heartbeat ${fmtDuration(w.last_heartbeat_age_s)} ago` }));
+  }
+
+  function workerList(workers) {
+    if (!workers.length) return el("p", { class: "muted", text: "No worker on this device." });
+    return el("ul", { class: "workers" }, workers.map(workerItem));
+  }
+
+  /** A memory bar: the track is the total; segments are laid over each other from the left. */
+  function memoryBar(label, total, segments) {
+    const track = el("div", { class: "mem-track", role: "img", "aria-label": label });
+    for (const seg of segments) {
+      if (!isNum(seg.value)) continue;
+      const pct = total > 0 ? Math.min(100, (seg.value / total) * 100) : 0;
+      const node = el("div", { class: `mem-seg ${seg.cls}`, "data-testid": seg.testid, "data-bytes": seg.value,
+                               title: `${seg.name}: ${fmtBytes(seg.value)}` });
+      node.style.width = `${pct.toFixed(2)}%`;
+      track.append(node);
+    }
+    const legend = el("div", { class: "mem-legend" },
+      segments.map((seg) => el("span", { class: "mem-key" },
+        el("span", { class: `swatch ${seg.cls}` }), `${seg.name} `,
+        el("span", { class: "num", text: fmtBytes(seg.value) }))),
+      el("span", { class: "mem-key" }, "total ", el("span", { class: "num", text: fmtBytes(total) })));
+    return el("div", { class: "mem" }, track, legend);
+  }
+
+  function sumTorch(workers, key) {
+    let total = null;
+    for (const w of workers) {
+      const v = w.torch && w.torch[key];
+      if (isNum(v) && w.state !== "stopped" && w.state !== "lost") total = (total || 0) + v;
+    }
+    return total;
+  }
+
+  function gpuCard(d) {
+    const name = `cuda:${d.index}`;
+    const reserved = sumTorch(d.workers, "memory_reserved");
+    const allocated = sumTorch(d.workers, "memory_allocated");
+    const util = isNum(d.utilization_gpu) ? ` · ${d.utilization_gpu}% busy` : "";
+    return el("article", { class: "device-card", "data-testid": `gpu-${d.index}` },
+      el("h3", null, el("span", { class: "mono", text: name }), ` ${d.name} `,
+        el("span", { class: "muted", text: `compute ${d.compute_capability}${util}` })),
+      memoryBar(`${name} memory: ${fmtBytes(d.memory_used)} used of ${fmtBytes(d.memory_total)}, ` +
+                `${fmtBytes(reserved)} reserved and ${fmtBytes(allocated)} allocated by PyTorch`,
+        d.memory_total, [
+          { name: "used (NVML)", cls: "seg-used", value: d.memory_used, testid: `gpu-${d.index}-used` },
+          { name: "torch reserved", cls: "seg-reserved", value: reserved, testid: `gpu-${d.index}-reserved` },
+          { name: "torch allocated", cls: "seg-allocated", value: allocated, testid: `gpu-${d.index}-allocated` },
+        ]),
+      workerList(d.workers));
+  }
+
+  function cpuCard(cpu) {
+    const used = isNum(cpu.memory_total) && isNum(cpu.memory_available) ? cpu.memory_total - cpu.memory_available : null;
+    return el("article", { class: "device-card", "data-testid": "cpu" },
+      el("h3", null, "CPU ",
+        el("span", { class: "muted", text: `${cpu.cores} cores` })),
+      memoryBar(`RAM: ${fmtBytes(used)} used of ${fmtBytes(cpu.memory_total)}`, cpu.memory_total,
+        [{ name: "RAM used", cls: "seg-used", value: used, testid: "cpu-used" }]),
+      workerList(cpu.workers || []));
+  }
+
+  let devicesKey = "";
+
+  function renderDevices(d) {
+    // Rebuilt only when something shown changed (heartbeat ages are rounded to whole seconds).
+    const key = JSON.stringify(d, (k, v) => (k === "last_heartbeat_age_s" ? Math.round(v) : v));
+    if (key === devicesKey) return;
+    devicesKey = key;
+    const versions = [["torch", d.torch_version], ["CUDA", d.cuda_version], ["cuDNN", d.cudnn_version],
+                      ["driver", d.driver_version]].filter(([, v]) => v).map(([k, v]) => `${k} ${v}`);
+    setText($("versions"), versions.join(" · "));
+    setText($("devices-summary"), d.cuda_available ? `${d.cuda_devices.length} GPU(s)` : "no CUDA device");
+    const box = $("devices");
+    box.replaceChildren(...d.cuda_devices.map(gpuCard), cpuCard(d.cpu));
+  }
+
+  // ---- one job -------------------------------------------------------------------------------------------
+
+  const jobView = { id: null, buttons: null, progress: null, metricsKey: null, logKey: null, specKey: null };
+
+  function resetJobView(id) {
+    jobView.id = id;
+    jobView.metricsKey = jobView.logKey = jobView.specKey = null;
+    jobView.buttons = actionButtons(id);
+    jobView.progress = progressBar(`Job ${id} progress`);
+    $("job-actions").replaceChildren(...jobView.buttons);
+    $("job-progress").replaceChildren(jobView.progress.node);
+    $("job-state").replaceChildren(badge("queued", "job-state"));
+    setText($("job-title"), `Job ${id}`);
+    $("job-missing").hidden = true;
+    $("job-facts").replaceChildren();
+    $("job-result").replaceChildren();
+    setText($("job-spec"), "");
+    setText($("job-log"), "");
+    $("job-error-panel").hidden = true;
+    $("loss-chart-box").replaceChildren(lossChart([], null));
+    $("acc-chart-box").replaceChildren(accuracyChart([], null));
+  }
+
+  function facts(dl, pairs) {
+    dl.replaceChildren(...pairs.filter(([, v]) => v !== null && v !== undefined && v !== "")
+      .flatMap(([k, v]) => [el("dt", { text: k }), el("dd", null, v)]));
+  }
+
+  function valueText(v) {
+    if (isNum(v)) return Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(6)));
+    if (v === null || v === undefined) return "–";
+    if (typeof v === "object") return JSON.stringify(v);
+    return String(v);
+  }
+
+  async function refreshJob(id, current) {
+    let job;
+    try {
+      job = await api(`/jobs/${id}`);
+    } catch (e) {
+      if (e instanceof ApiError && e.status === 404 && current()) {
+        $("job-missing").hidden = false;
+        setText($("job-missing"), `Job ${id} does not exist.`);
+        return;
+      }
+      throw e;
+    }
+    const { epoch } = job.progress || {};
+    const key = `${job.state}/${job.runs}/${epoch}`;
+    const running = !TERMINAL.has(job.state);
+    const wantMetrics = key !== jobView.metricsKey;
+    const wantLog = running || key !== jobView.logKey;
+    const [metrics, log] = await Promise.all([
+      wantMetrics ? api(`/jobs/${id}/metrics`) : null,
+      wantLog ? api(`/jobs/${id}/logs`) : null,
+    ]);
+    if (!current() || jobView.id !== id) return;
+
+    setText($("job-title"), job.name ? `Job ${id} · ${job.name}` : `Job ${id}`);
+    updateBadge($("job-state").firstChild, job.state);
+    updateActions(jobView.buttons, job.state);
+    updateProgress(jobView.progress, job);
+
+    const t = jobTime(job);
+    const requested = (job.spec && job.spec.device) || "auto";
+    const m = job.latest_metrics || {};
+    facts($("job-facts"), [
+      ["kind", `${job.kind} · ${jobSummary(job)}`],
+      ["device", job.device ? `${job.device} (requested ${requested})` : `requested ${requested}`],
+      ["worker", job.worker_id],
+      ["attempt", `${job.attempt} of ${job.max_attempts} (${job.runs} run${job.runs === 1 ? "" : "s"})`],
+      ["created", fmtTime(job.created_at)],
+      ["started", job.started_at ? fmtTime(job.started_at) : null],
+      ["finished", job.finished_at ? fmtTime(job.finished_at) : null],
+      [t.label, fmtDuration(t.s)],
+      ["train loss", isNum(latest(job, "train_loss")) ? fmtLoss(latest(job, "train_loss")) : null],
+      ["val loss", isNum(latest(job, "val_loss")) ? fmtLoss(latest(job, "val_loss")) : null],
+      [job.kind === "predict" ? "accuracy" : "val accuracy",
+        isNum(latest(job, "val_accuracy")) ? fmtPct(latest(job, "val_accuracy")) : null],
+      ["throughput", isNum(m.samples_per_s) ? `${Math.round(m.samples_per_s).toLocaleString()} samples/s` : null],
+      ["checkpoint", isNum(job.checkpoint_epoch) ? `epoch ${job.checkpoint_epoch}` : null],
+      ["peak CUDA memory", isNum(job.peak_memory_allocated)
+        ? `${fmtBytes(job.peak_memory_allocated)} allocated, ${fmtBytes(job.peak_memory_reserved)} reserved` : null],
+    ]);
+
+    const specKey = JSON.stringify(job.spec);
+    if (specKey !== jobView.specKey) {
+      jobView.specKey = specKey;
+      setText($("job-spec"), JSON.stringify(job.spec, null, 2));
+    }
+
+    const errPanel = $("job-error-panel");
+    errPanel.hidden = !job.error;
+    if (job.error) {
+      const { message, ...rest } = job.error;
+      facts($("job-error"), [["message", message], ...Object.entries(rest).map(([k, v]) => [k, valueText(v)])]);
+      const earlier = (job.errors || []).slice(0, -1);
+      $("job-errors").replaceChildren(...(earlier.length ? [
+        el("h4", { text: "Earlier attempts" }),
+        el("ul", { class: "earlier" }, earlier.map((e) => el("li", null,
+          el("span", { class: "mono", text: `attempt ${e.attempt}` }), ` ${e.class || ""}: ${e.message || e.type || ""}`))),
+      ] : []));
+    } else if (job.errors && job.errors.length) {
+      // A retried job: the errors of earlier attempts stay visible.
+      errPanel.hidden = false;
+      facts($("job-error"), [["earlier errors", String(job.errors.length)]]);
+      $("job-errors").replaceChildren(el("ul", { class: "earlier" }, job.errors.map((e) => el("li", null,
+        el("span", { class: "mono", text: `attempt ${e.attempt}` }), ` ${e.class || ""}: ${e.message || e.type || ""}`))));
+    }
+
+    const result = $("job-result");
+    if (job.result) {
+      result.replaceChildren(el("table", { class: "kv" }, el("tbody", null,
+        Object.entries(job.result).filter(([, v]) => v !== null)
+          .map(([k, v]) => el("tr", null, el("th", { scope: "row", text: k }), el("td", { class: "num", text: valueText(v) }))))));
+    } else {
+      result.replaceChildren(el("p", { class: "muted", text: job.state === "succeeded" ? "No result." : "Once the job has succeeded." }));
+    }
+
+    $("job-charts").hidden = job.kind === "predict"; // a prediction has no epochs
+    if (metrics) {
+      jobView.metricsKey = key;
+      const total = (job.progress && job.progress.epochs) || null;
+      const empty = TERMINAL.has(job.state) ? "no epochs recorded" : "no epochs yet";
+      $("loss-chart-box").replaceChildren(lossChart(metrics, total, empty));
+      $("acc-chart-box").replaceChildren(accuracyChart(metrics, total, empty));
+    }
+    if (log !== null) {
+      jobView.logKey = key;
+      const pre = $("job-log");
+      const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+      setText(pre, log || "(nothing logged yet)");
+      if (atBottom) pre.scrollTop = pre.scrollHeight;
+    }
+  }
+
+  // ---- charts (inline SVG) ----------------------------------------------------------------------------------
+
+  function niceStep(range, count) {
+    const raw = range / Math.max(1, count);
+    const mag = 10 ** Math.floor(Math.log10(raw));
+    const f = raw / mag;
+    return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 2.5 ? 2.5 : f <= 5 ? 5 : 10) * mag;
+  }
+
+  function ticks(min, max, count) {
+    if (!(max > min)) return [min];
+    const step = niceStep(max - min, count);
+    const out = [];
+    for (let v = Math.ceil(min / step - 1e-9) * step; v <= max + step * 1e-9; v += step) out.push(Number(v.toPrecision(12)));
+    return out;
+  }
+
+  /** One point per epoch (the last record wins), for each series. */
+  function perEpoch(metrics, key) {
+    const by = new Map();
+    for (const m of metrics) if (isNum(m.epoch) && isNum(m[key])) by.set(m.epoch, m[key]);
+    return [...by.entries()].sort((a, b) => a[0] - b[0]);
+  }
+
+  function lineChart({ testid, title, series, totalEpochs, yFixed, yFormat, empty }) {
+    const W = 640, H = 260, L = 56, R = 16, T = 30, B = 36;
+    const all = series.flatMap((s) => s.points);
+    const epochs = new Set(all.map((p) => p[0]));
+    const maxEpoch = Math.max(1, totalEpochs || 0, ...all.map((p) => p[0]));
+    let [ymin, ymax] = yFixed || [Math.min(...all.map((p) => p[1])), Math.max(...all.map((p) => p[1]))];
+    if (!all.length) [ymin, ymax] = yFixed || [0, 1];
+    if (!yFixed) {
+      // Widen to whole ticks, so that every point lies within the grid; losses never go below 0.
+      if (ymin === ymax) { ymin -= Math.abs(ymin) * 0.1 || 0.5; ymax += Math.abs(ymax) * 0.1 || 0.5; }
+      const step = niceStep(ymax - ymin, 4);
+      const lo = Math.floor(ymin / step) * step;
+      ymin = ymin >= 0 && lo < 0 ? 0 : lo;
+      ymax = Math.ceil(ymax / step) * step;
+    }
+    const x = (e) => L + (maxEpoch === 1 ? (W - L - R) / 2 : ((e - 1) / (maxEpoch - 1)) * (W - L - R));
+    const y = (v) => T + (1 - (v - ymin) / (ymax - ymin)) * (H - T - B);
+
+    const counts = series.map((s) => `${s.label} ${s.points.length}`).join(", ");
+    const root = svg("svg", {
+      viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "data-testid": testid,
+      "data-points": epochs.size, "aria-label": `${title}: ${counts} epochs plotted`,
+    });
+    const grid = svg("g", { class: "grid" });
+    for (const v of ticks(ymin, ymax, 5)) {
+      grid.append(svg("line", { x1: L, x2: W - R, y1: y(v), y2: y(v) }));
+      grid.append(svg("text", { x: L - 6, y: y(v) + 4, class: "tick y", text: yFormat(v) }));
+    }
+    const xt = ticks(1, maxEpoch, Math.min(8, maxEpoch - 1 || 1)).filter((e) => Number.isInteger(e) && e >= 1);
+    for (const e of (xt.length ? xt : [1])) {
+      grid.append(svg("line", { x1: x(e), x2: x(e), y1: H - B, y2: H - B + 4, class: "tick-mark" }));
+      grid.append(svg("text", { x: x(e), y: H - B + 17, class: "tick x", text: String(e) }));
+    }
+    grid.append(svg("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, class: "axis" }));
+    grid.append(svg("text", { x: (L + W - R) / 2, y: H - 3, class: "axis-label", text: "epoch" }));
+    root.append(grid);
+
+    let lx = L;
+    series.forEach((s, i) => {
+      const legend = svg("g", { class: `legend ${s.cls}`, transform: `translate(${lx}, 12)` },
+        svg("line", { x1: 0, x2: 18, y1: 0, y2: 0 }),
+        svg("text", { x: 24, y: 4, text: s.label }));
+      root.append(legend);
+      lx += 40 + s.label.length * 7.5;
+      const g = svg("g", { class: `series ${s.cls}`, "data-series": s.key, "data-points": s.points.length });
+      if (s.points.length > 1) {
+        g.append(svg("path", { d: s.points.map((p, j) => `${j ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" ") }));
+      }
+      if (s.points.length <= 80) {
+        for (const [e, v] of s.points) {
+          g.append(svg("circle", { cx: x(e).toFixed(1), cy: y(v).toFixed(1), r: 3 },
+            svg("title", { text: `epoch ${e}: ${s.label} ${yFormat(v, true)}` })));
+        }
+      }
+      root.append(g);
+    });
+    if (!all.length) root.append(svg("text", { x: W / 2, y: H / 2, class: "empty", text: empty || "no epochs yet" }));
+    return root;
+  }
+
+  function lossChart(metrics, totalEpochs, empty) {
+    return lineChart({
+      testid: "loss-chart", title: "Loss per epoch", totalEpochs, empty,
+      series: [
+        { key: "train_loss", label: "train loss", cls: "s-train", points: perEpoch(metrics, "train_loss") },
+        { key: "val_loss", label: "val loss", cls: "s-val", points: perEpoch(metrics, "val_loss") },
+      ],
+      yFormat: (v, precise) => (precise ? fmtLoss(v) : Number(v.toPrecision(3)).toString()),
+    });
+  }
+
+  function accuracyChart(metrics, totalEpochs, empty) {
+    return lineChart({
+      testid: "accuracy-chart", title: "Validation accuracy per epoch", totalEpochs, empty, yFixed: [0, 1],
+      series: [{ key: "val_accuracy", label: "val accuracy", cls: "s-acc", points: perEpoch(metrics, "val_accuracy") }],
+      yFormat: (v, precise) => (precise ? fmtPct(v) : `${Math.round(v * 100)}%`),
+    });
+  }
+
+  // ---- start -----------------------------------------------------------------------------------------------------
+
+  showView();
+  tick();
+})();

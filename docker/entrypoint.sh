@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Entrypoint of the trainyard image. The first argument picks the role:
+#
+#   serve [ARGS]         the API: trainyard serve ARGS (the default when no argument is given)
+#   worker [ARGS]        one worker: trainyard worker ARGS, e.g. `worker --device cpu`
+#   gpu-workers [ARGS]   one worker per GPU the container sees (cuda:0 .. cuda:N-1, counted with
+#                        NVML like `trainyard up`), each given ARGS; or one per entry of
+#                        TRAINYARD_WORKER_DEVICES, e.g. "cuda:0 cuda:2" or "cpu cpu"
+#   up [ARGS]            API and workers in one container: trainyard up ARGS
+#   anything else        handed to trainyard as is: `jobs`, `devices --json`, `--help`, ...
+#                        (for a shell instead: docker run --entrypoint sh ...)
+#
+# Every role but gpu-workers with several devices ends in `exec trainyard ...`: trainyard then has
+# this script's pid (PID 1, or tini's child under compose's `init: true`), so the SIGTERM of
+# `docker stop` reaches it directly. That matters: a worker checkpoints its job and requeues it on
+# SIGTERM, within TRAINYARD_GRACE_S. With several workers this script stays as their parent,
+# forwards SIGTERM/SIGINT to each, and exits when all have.
+#
+# All TRAINYARD_* variables reach trainyard unchanged. Three more are read here only:
+#   TRAINYARD_URL             when set, the worker roles first wait until $TRAINYARD_URL/healthz
+#                             answers, so the API has created the database schema
+#   TRAINYARD_WAIT_S          how long to wait for that (default 120); then exit 1 (and compose's
+#                             restart policy tries again)
+#   TRAINYARD_WORKER_PIDFILE  where the worker roles write their pids for healthcheck.py
+#                             (default /tmp/trainyard-workers.pid)
+# Bash rather than sh for `wait -n -p` (bash >= 5.1) in the multi-worker supervisor.
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+pidfile=${TRAINYARD_WORKER_PIDFILE:-/tmp/trainyard-workers.pid}
+role=${1:-serve}
+[ $# -gt 0 ] && shift
+
+log() { echo "entrypoint: $*" >&2; }
+
+wait_for_api() {
+    [ -n "${TRAINYARD_URL:-}" ] || return 0
+    log "waiting up to ${TRAINYARD_WAIT_S:-120}s for the API at $TRAINYARD_URL"
+    python "$here/healthcheck.py" api --url "$TRAINYARD_URL" --wait "${TRAINYARD_WAIT_S:-120}"
+}
+
+# Start one worker per device, forward stop signals, exit when all have exited. A worker that
+# fails (non-zero) stops the others, so the container exits and its restart policy starts a
+# fresh set (the stopped workers' jobs are checkpointed and requeued, no attempt used up).
+supervise() {  # supervise ARGS... ; devices in the array `devices`
+    local pids=() d left status=0 rc done_pid stopping=0
+    # shellcheck disable=SC2317  # invoked by the trap
+    stop() { stopping=1; [ ${#pids[@]} -eq 0 ] || kill -TERM "${pids[@]}" 2>/dev/null || true; }
+    trap stop TERM INT   # before the first worker starts, so none can be left behind
+    for d in "${devices[@]}"; do
+        trainyard worker --device "$d" "$@" &
+        pids+=("$!")
+    done
+    if [ "$stopping" = 1 ]; then stop; fi   # a signal came while they were starting
+    echo "${pids[*]}" >"$pidfile"
+    log "workers on ${devices[*]} (pids ${pids[*]})"
+    left=${#pids[@]}
+    while [ "$left" -gt 0 ]; do
+        done_pid=
+        if wait -n -p done_pid; then rc=0; else rc=$?; fi
+        if [ -z "${done_pid:-}" ]; then   # no pid: a trapped signal interrupted `wait`
+            [ "$rc" = 127 ] && break       # (or no child is left, which `left` should rule out)
+            continue
+        fi
+        left=$((left - 1))
+        if [ "$rc" != 0 ] && [ "$status" = 0 ]; then
+            status=$rc
+            [ "$stopping" = 1 ] || { log "worker $done_pid exited with status $rc; stopping the others"; stop; }
+        fi
+    done
+    exit "$status"
+}
+
+case "$role" in
+    serve | up)
+        rm -f "$pidfile"   # a stale one would make the auto health check look at workers
+        exec trainyard "$role" "$@"
+        ;;
+    worker)
+        wait_for_api
+        echo "$$" >"$pidfile"   # exec keeps the pid: this is trainyard's own
+        exec trainyard worker "$@"
+        ;;
+    gpu-workers)
+        wait_for_api
+        if [ -n "${TRAINYARD_WORKER_DEVICES:-}" ]; then
+            read -r -a devices <<<"$TRAINYARD_WORKER_DEVICES"
+        else
+            # NVML, not torch: counting must not create a CUDA context (app/devices.py).
+            n=$(python -c 'from app.devices import visible_cuda_count; print(visible_cuda_count())')
+            devices=()
+            for ((i = 0; i < n; i++)); do devices+=("cuda:$i"); done
+        fi
+        if [ "${#devices[@]}" -eq 0 ]; then
+            log "no GPU visible in this container: is the NVIDIA Container Toolkit installed on the host?" \
+                "Without a GPU, use the CPU variant (docker-compose.cpu.yml) or set TRAINYARD_WORKER_DEVICES=cpu"
+            exit 1
+        fi
+        if [ "${#devices[@]}" -eq 1 ]; then
+            echo "$$" >"$pidfile"
+            exec trainyard worker --device "${devices[0]}" "$@"
+        fi
+        supervise "$@"
+        ;;
+    *)
+        exec trainyard "$role" "$@"
+        ;;
+esac
