@@ -49,6 +49,8 @@ jobs = Table(
     Column("error", JSON),
     Column("errors", JSON),
     Index("ix_jobs_claim_order", "state", "priority", "id"),
+    # Idle workers ask often whether anything fits their device: answer without scanning the queue.
+    Index("ix_jobs_queued_device", "state", "device_req"),
 )
 
 metrics = Table(

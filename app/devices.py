@@ -12,6 +12,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from app import queue
+
 
 def nvml_devices() -> list[dict[str, Any]] | None:
     """One dict per physical GPU from NVML, or None when there is no NVIDIA driver."""
@@ -145,3 +147,9 @@ def build_payload(nvml: list[dict] | None, workers: list[dict], now: float, buil
         "cuda_devices": cuda,
         "cpu": {**cpu, "workers": [view(w) for w in workers if w["device"] == "cpu"]},
     }
+
+
+def snapshot(engine, stale_after_s: float) -> dict[str, Any]:
+    """The /devices payload now: NVML readings plus the workers' last heartbeats."""
+    workers, now = queue.list_workers(engine)
+    return build_payload(nvml_devices(), workers, now, torch_build_info(), cpu_info(), stale_after_s)

@@ -42,8 +42,7 @@ class _Collector:
                 speed.add_metric([str(r["id"]), r["device"] or ""], r["samples_per_s"])
         yield speed
 
-        payload = devices.build_payload(devices.nvml_devices(), *queue.list_workers(self.engine),
-                                        devices.torch_build_info(), devices.cpu_info(), self.stale_after_s)
+        payload = devices.snapshot(self.engine, self.stale_after_s)
         alive = GaugeMetricFamily("trainyard_workers_alive", "Workers with a recent heartbeat", labels=["device"])
         used = GaugeMetricFamily("trainyard_device_memory_used_bytes", "GPU memory in use (NVML)", labels=["device"])
         total = GaugeMetricFamily("trainyard_device_memory_total_bytes", "GPU memory (NVML)", labels=["device"])

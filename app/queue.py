@@ -33,7 +33,9 @@ class Conflict(QueueError):
 
 
 def _d(row) -> dict[str, Any] | None:
-    return dict(row._mapping) if row is not None else None
+    # Plain str keys: SQLAlchemy's key type would make every job process that unpickles a job
+    # import SQLAlchemy (~150 ms).
+    return {str(k): v for k, v in row._mapping.items()} if row is not None else None
 
 
 def accepted_devices(device: str) -> list[str]:

@@ -5,6 +5,7 @@ import math
 import os
 import platform
 import shutil
+import subprocess
 import tempfile
 import time
 from contextlib import contextmanager
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 from app.settings import Settings
-from tests.service import Service
+from tests.service import ROOT, Service
 
 # The production defaults, not tests.service's FAST_ENV (short leases, 0.5 s heartbeats), so that
 # background writes happen as often as they would in a real deployment. TRAINYARD_POLL_S is left
@@ -25,10 +26,16 @@ TINY_JOB = {"kind": "train", "model": {"arch": "mlp", "hidden": [8]}, "data": {"
 
 def env_line() -> str:
     poll = Settings.model_fields["poll_s"].default
-    return (f"{os.cpu_count()} CPU cores, no GPU visible to the benchmark · Python {platform.python_version()} · "
+    rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True)
+    return (f"{os.cpu_count()} CPU cores, no GPU · git {rev.stdout.strip() or '?'} · Python {platform.python_version()} · "
             f"torch {importlib.metadata.version('torch')} · fastapi {importlib.metadata.version('fastapi')} · "
             f"uvicorn {importlib.metadata.version('uvicorn')} · SQLite · default poll_s {poll} s · "
-            f"{dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}")
+            f"{dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z} · {load_note()}")
+
+
+def load_note() -> str:
+    """The machine's 1-minute load average: above ~2 on this 2-core box, other processes compete."""
+    return f"1-min load average {os.getloadavg()[0]:.1f}"
 
 
 @contextmanager
@@ -69,7 +76,7 @@ def cpu_s(pid: int) -> float:
 
 
 class CpuMeter:
-    """CPU use of some processes over a window, as % of one core."""
+    """CPU seconds used by some processes (and by this one, as "loadgen") over a window."""
 
     def __init__(self, pids: dict[str, int]):
         self.pids = pids
@@ -77,10 +84,8 @@ class CpuMeter:
         self.self_start, self.t0 = time.process_time(), time.monotonic()
 
     def read(self) -> dict[str, float]:
-        wall = time.monotonic() - self.t0
-        out = {k: 100 * (cpu_s(p) - self.start[k]) / wall for k, p in self.pids.items()}
-        out["loadgen"] = 100 * (time.process_time() - self.self_start) / wall
-        return out
+        out = {k: cpu_s(p) - self.start[k] for k, p in self.pids.items()}
+        return {**out, "loadgen": time.process_time() - self.self_start, "wall": time.monotonic() - self.t0}
 
 
 def table(headers: list[str], rows: list[list]) -> str:

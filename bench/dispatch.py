@@ -11,7 +11,9 @@ Run: `.venv/bin/python -m bench.dispatch [--quick]` from the repository root.
 2. Drain rate. For 1, 2 and 4 CPU workers (a fresh service each; the 1-worker drain reuses the
    latency test's service once its queue is empty), the workers are started and registered first,
    then M tiny jobs are POSTed back to back; rate = M / (last finished_at - first created_at),
-   database clock. The machine has 2 cores, so scaling should flatten past 2 workers.
+   database clock. The machine has 2 cores, so scaling should flatten past 2 workers. Also shown:
+   the median job's running->succeeded time, and the median turnaround (a worker's finished_at of
+   one job to started_at of its next: the supervisor's own overhead between back-to-back jobs).
 
 --quick: 5 latency jobs and a 6-job drain with 1 worker only (~15 s: a worker's fork server
 imports torch before it registers, ~9 s on this machine).
@@ -20,11 +22,12 @@ The benchmark process polls GET /jobs/{id} (every 25 ms) while it waits, which c
 little CPU on the same 2 cores; the figures themselves come from the database timestamps.
 """
 import argparse
+import os
 import random
 import time
 from collections import Counter
 
-from bench.common import TINY_JOB, env_line, iso_s, pct, service, table, verdict
+from bench.common import TINY_JOB, env_line, load_note, iso_s, pct, service, table, verdict
 
 LATENCY_P50_MS, LATENCY_P99_MS = 50, 150
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -47,6 +50,7 @@ def latency(svc, c, n: int) -> dict:
 
 
 def drain(svc, c, m: int) -> dict:
+    load = os.getloadavg()[0]
     ids = {c.post("/jobs", json=TINY_JOB).raise_for_status().json()["id"] for _ in range(m)}
     deadline = time.monotonic() + 60 + 5 * m
     while True:
@@ -62,7 +66,13 @@ def drain(svc, c, m: int) -> dict:
         raise RuntimeError(f"{len(bad)} jobs did not succeed, e.g. {bad[0]['error']}")
     span = max(iso_s(j["finished_at"]) for j in jobs) - min(iso_s(j["created_at"]) for j in jobs)
     per_worker = sorted(Counter(j["worker_id"] for j in jobs).values(), reverse=True)
-    return {"rate": m / span, "span": span, "per_worker": per_worker}
+    runs = [1000 * (iso_s(j["finished_at"]) - iso_s(j["started_at"])) for j in jobs]
+    gaps = []  # a worker's turnaround: its previous job's finished_at to its next job's started_at
+    for w in {j["worker_id"] for j in jobs}:
+        mine = sorted((iso_s(j["started_at"]), iso_s(j["finished_at"])) for j in jobs if j["worker_id"] == w)
+        gaps += [1000 * (b[0] - a[1]) for a, b in zip(mine, mine[1:])]
+    return {"rate": m / span, "span": span, "per_worker": per_worker, "run_ms": pct(runs, 50),
+            "gap_ms": pct(gaps, 50) if gaps else float("nan"), "load": load}
 
 
 def main() -> None:
@@ -76,6 +86,7 @@ def main() -> None:
     worker_counts = (1,) if args.quick else (1, 2, 4)
     assert m <= 500, "drain reads the jobs back from one page of GET /jobs"
 
+    env = env_line()  # taken first: its load average is the one the run started with
     drains = {}
     for w in worker_counts:
         with service(workers=w) as svc, svc.client() as c:
@@ -95,13 +106,14 @@ def main() -> None:
     base = drains[1]["rate"]
     for w, d in drains.items():
         rows.append([f"drain, {w} worker{'s' if w > 1 else ''} (jobs/s)", d["rate"], "",
-                     f"{d['rate'] / base:.2f}x vs 1 worker; {m} jobs in {d['span']:.1f} s; "
-                     f"jobs per worker {d['per_worker']}"])
-    print(env_line())
+                     f"{d['rate'] / base:.2f}x vs 1 worker; {m} jobs in {d['span']:.1f} s; per worker "
+                     f"{d['per_worker']}; median running->succeeded {d['run_ms']:.0f} ms, "
+                     f"turnaround {d['gap_ms']:.0f} ms; load average {d['load']:.1f} at start"])
+    print(env)
     print(f"latency: {n} tiny jobs one at a time, 1 idle CPU worker; drain: {m} tiny jobs queued at once\n")
     print(table(["measure", "value", "target", "verdict / notes"], rows))
     print("\nAll times from the database clock (1 ms resolution). The worker, its job processes, the API server "
-          "and this benchmark's polling share the machine's cores.")
+          f"and this benchmark's polling share the machine's cores. At the end: {load_note()}.")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,9 @@ def _mp_context() -> mp.context.BaseContext:
     # A fork server with torch preloaded: a plain fork of a process that touched CUDA is unsafe,
     # and spawn would pay for `import torch` on every job.
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["worker.runner", "worker.warm"])
+    # app.cli too: each job process re-runs the supervisor's main module (`python -m app.cli`), which
+    # is cheap only when its imports (httpx, rich, pydantic-settings) are already loaded.
+    ctx.set_forkserver_preload(["worker.runner", "worker.warm", "app.cli"])
     return ctx
 
 

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Body, Header, HTTPException, Path as PathParam, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel
 
 from app import queue
 from app.api.deps import EngineDep, SettingsDep
@@ -27,29 +28,37 @@ EXAMPLES = {
 
 
 @router.post("", status_code=201, response_model=JobPublic)
-def submit_job(spec: Annotated[JobSpec, Body(openapi_examples=EXAMPLES)], engine: EngineDep, response: Response,
-               idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> JobPublic:
+async def submit_job(spec: Annotated[JobSpec, Body(openapi_examples=EXAMPLES)], engine: EngineDep,
+                     idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> Response:
+    job, created = await run_in_threadpool(_submit, engine, spec, idempotency_key)
+    return as_json(JobPublic.from_row(job), 201 if created else 200)
+
+
+def _submit(engine, spec, idempotency_key):
     if spec.kind == "predict":
         queue.check_predict(engine, spec)
-    job, created = queue.enqueue(engine, spec, idempotency_key)
-    if not created:
-        response.status_code = 200
-    return JobPublic.from_row(job)
+    return queue.enqueue(engine, spec, idempotency_key)
 
 
 @router.get("", response_model=JobsPublic)
-def list_jobs(engine: EngineDep,
-              state: Annotated[Literal[JOB_STATES] | None, Query()] = None,  # type: ignore[valid-type]
-              kind: Annotated[Literal[JOB_KINDS] | None, Query()] = None,  # type: ignore[valid-type]
-              limit: Annotated[int, Query(ge=1, le=500)] = 50,
-              offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> JobsPublic:
-    rows, count = queue.list_jobs(engine, state=state, kind=kind, limit=limit, offset=offset)
-    return JobsPublic(data=[JobPublic.from_row(r) for r in rows], count=count, limit=limit, offset=offset)
+async def list_jobs(engine: EngineDep,
+                    state: Annotated[Literal[JOB_STATES] | None, Query()] = None,  # type: ignore[valid-type]
+                    kind: Annotated[Literal[JOB_KINDS] | None, Query()] = None,  # type: ignore[valid-type]
+                    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+                    offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> Response:
+    rows, count = await run_in_threadpool(queue.list_jobs, engine, state, kind, limit, offset)
+    return as_json(JobsPublic(data=[JobPublic.from_row(r) for r in rows], count=count, limit=limit, offset=offset))
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-def get_job(job_id: JobId, engine: EngineDep) -> JobPublic:
-    return JobPublic.from_row(queue.get_job(engine, job_id))
+async def get_job(job_id: JobId, engine: EngineDep) -> Response:
+    return as_json(JobPublic.from_row(await run_in_threadpool(queue.get_job, engine, job_id)))
+
+
+def as_json(model: BaseModel, status_code: int = 200) -> Response:
+    """The hot read paths: one async route, one thread-pool call for the database, and the model
+    serialised once by pydantic (a returned Response is not validated a second time)."""
+    return Response(model.model_dump_json(), status_code=status_code, media_type="application/json")
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
@@ -80,9 +89,13 @@ async def job_events(job_id: JobId, engine: EngineDep, request: Request) -> Stre
             job = await run_in_threadpool(queue.get_job, engine, job_id)
             state = (job["state"], job["claim"])
             if state != sent_state:
+                if job["claim"] != (sent_state or ("", 0))[1] and job["state"] != "running":
+                    # The run started and ended between two polls: still tell the client it ran.
+                    yield _sse("state", JobPublic.from_row({**job, "state": "running"}).model_dump(mode="json"))
+                if job["state"] == "running":
+                    # A resumed run re-runs the epochs after its checkpoint: send them again.
+                    last_epoch = min(last_epoch, job["checkpoint_epoch"] or 0)
                 sent_state = state
-                # A resumed run re-runs the epochs after its checkpoint: send them again.
-                last_epoch = min(last_epoch, job["checkpoint_epoch"] or 0) if job["state"] == "running" else last_epoch
                 yield _sse("state", JobPublic.from_row(job).model_dump(mode="json"))
             for m in await run_in_threadpool(queue.get_metrics, engine, job_id, last_epoch):
                 last_epoch = m["epoch"]

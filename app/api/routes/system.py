@@ -1,5 +1,6 @@
 """Routes about the service itself: devices, workers, health."""
 from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -12,12 +13,10 @@ health_router = APIRouter(tags=["system"])
 
 
 @router.get("/devices")
-def get_devices(engine: EngineDep, settings: SettingsDep) -> dict:
+async def get_devices(engine: EngineDep, settings: SettingsDep) -> dict:
     """CUDA devices (from NVML, never a CUDA context in this process), their workers' torch allocator
     stats (from heartbeats), and the CPU."""
-    workers, now = queue.list_workers(engine)
-    return devices.build_payload(devices.nvml_devices(), workers, now, devices.torch_build_info(),
-                                 devices.cpu_info(), stale_after_s=settings.lease_s)
+    return await run_in_threadpool(devices.snapshot, engine, settings.lease_s)
 
 
 @router.get("/metrics", response_class=Response,
