@@ -100,7 +100,6 @@ def list_jobs(engine: Engine, state: str | None = None, kind: str | None = None,
         rows = conn.execute(select(jobs).where(where).order_by(jobs.c.id.desc()).limit(limit).offset(offset)).all()
     return [_d(r) for r in rows], total
 
-
 def get_metrics(engine: Engine, job_id: int, after_epoch: int = 0) -> list[dict]:
     get_job(engine, job_id)
     with read(engine) as conn:
