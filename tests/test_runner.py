@@ -53,3 +53,12 @@ def test_a_spec_the_worker_cannot_parse_is_the_jobs_error(tmp_path):
     final, _ = run_job(tmp_path, spec={**tiny_job(), "model": {"arch": "no-such-net"}})
     assert final["type"] == "error" and final["error"]["class"] == "job"
     assert "no-such-net" in final["error"]["message"]
+
+
+def test_worker_device_flag_is_validated():
+    from worker.main import resolve_device
+    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:3") == "cuda:3"
+    assert resolve_device("auto") == "cpu"  # no NVIDIA driver on this machine
+    for bad in ("tpu:0", "cuda:", "gpu", ""):
+        with pytest.raises(SystemExit, match="--device must be"):
+            resolve_device(bad)

@@ -7,6 +7,7 @@ handlers only set flags; the loop does the work.
 import logging
 import multiprocessing as mp
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -22,6 +23,7 @@ from app import devices as device_info
 from app import queue
 from app.db import create_all, make_engine
 from app.settings import Settings
+from app.spec import DEVICE_PATTERN
 from worker import runner_entry
 
 log = logging.getLogger("trainyard.worker")
@@ -324,6 +326,8 @@ class Worker:
 
 def resolve_device(device: str) -> str:
     """'auto' means the first CUDA device if the host has one, else the CPU (decided without CUDA init)."""
+    if not re.fullmatch(DEVICE_PATTERN, device):
+        raise SystemExit(f"trainyard worker: --device must be auto, cpu, cuda or cuda:N, not {device!r}")
     if device == "auto":
         return "cuda:0" if device_info.visible_cuda_count() > 0 else "cpu"
     if device == "cuda":
