@@ -89,6 +89,8 @@ def test_two_workers_share_one_sqlite_file_and_run_each_job_once(service):
             assert len(c.get(f"/jobs/{i}/metrics").json()) == 1
             log = c.get(f"/jobs/{i}/logs").text
             assert log.count("attempt ") == 1 and "(run 1)" in log
+            # Two CPU workers on one host share its cores instead of oversubscribing them.
+            assert f"{max(1, os.cpu_count() // 2)} torch threads" in log
 
 
 def test_devices_workers_and_listing(service):

@@ -160,11 +160,21 @@ class Worker:
             "resume_path": str(data_dir / job["checkpoint_path"]) if job.get("checkpoint_path") else None,
         }
         paths["checkpoint"] = paths["resume_path"]
+        paths["threads"] = self._cpu_threads() if self.device == "cpu" else None
         if job["kind"] == "predict":
             model_job = self.db(queue.get_job, job["spec"]["model_job"])
             paths["model_dir"] = str(data_dir / (model_job["artifact_path"] or "missing"))
             paths["model_spec"] = model_job["spec"]
         return paths
+
+    def _cpu_threads(self) -> int:
+        """torch threads for a CPU job: the host's cores shared among its live CPU workers.
+        Two jobs each spinning two OpenMP threads on two cores run several times slower than
+        two jobs with one thread each."""
+        workers, now = self.db(queue.list_workers)
+        here = [w for w in workers if w["host"] == socket.gethostname() and w["device"] == "cpu"
+                and now - w["last_heartbeat"] < self.settings.lease_s]
+        return max(1, (os.cpu_count() or 1) // max(1, len(here)))
 
     def run_job(self, job: dict) -> None:
         log_dir = self.settings.data_dir / "logs"
@@ -182,7 +192,8 @@ class Worker:
         child_conn.close()
         run = Running(job=job, proc=proc, conn=parent_conn, started=time.monotonic(),
                       log_path=log_dir / f"{job['id']}.log", extra=paths)
-        self._log(run, f"attempt {job['attempt']} (run {job['claim']}) on {self.id} ({self.device}), "
+        threads = f", {paths['threads']} torch threads" if paths.get("threads") else ""
+        self._log(run, f"attempt {job['attempt']} (run {job['claim']}) on {self.id} ({self.device}{threads}), "
                        f"job process pid {proc.pid}")
         try:
             self._supervise(run)

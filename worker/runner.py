@@ -59,6 +59,8 @@ def execute(job: dict[str, Any], device: str, data_dir: str, paths: dict[str, An
         spec = parse_spec(job["spec"])
         batch_size = spec.train.batch_size if spec.kind == "train" else spec.batch_size
         torch_device = devices.resolve(device)
+        if paths.get("threads"):
+            torch.set_num_threads(paths["threads"])
         ctx = JobContext(
             job_id=job["id"], device=torch_device, data_dir=Path(data_dir),
             artifact_dir=Path(paths["artifact_dir"]), checkpoint_path=Path(paths["checkpoint_path"]),

@@ -1,7 +1,7 @@
 """The training loop: data, model, optimizer, resume, epochs, checkpoints, artifact. Read top to bottom.
 
 Batches are index slices of tensors that already live on the device, and the loop never waits
-for the device inside an epoch: losses and correct counts accumulate in device tensors that are
+for the device inside an epoch: the loss accumulates in a device tensor that is
 read once per epoch. A checkpoint can be taken at any step boundary and a resumed job continues
 exactly where it stopped (same weights, optimizer state, RNG states and batch order).
 """
@@ -55,6 +55,7 @@ def train(spec: TrainJob, ctx: JobContext) -> dict[str, Any]:
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
     scaler = devices.grad_scaler(device, precision)
+    scaled = scaler.is_enabled()
     criterion = nn.CrossEntropyLoss()
     # `model` stays the plain module (its state_dict is what we save); `forward` may be compiled.
     forward = devices.compile_model(model, p.compile, d.x_train[:2], applied)
@@ -89,18 +90,16 @@ def train(spec: TrainJob, ctx: JobContext) -> dict[str, Any]:
         # One batch holding every sample: order cannot change the mean loss, so skip the gather.
         perm = None if full_batch else torch.randperm(n_train, generator=shuffle).to(d.x_train.device)
         loss_sum = torch.zeros((), device=device)
-        correct = torch.zeros((), dtype=torch.int64, device=device)
         seen, earlier_seconds, first_step = 0, 0.0, 0
         if partial is not None:  # resuming in the middle of this epoch
             loss_sum += partial["loss_sum"]
-            correct += partial["correct"]
             seen, earlier_seconds, first_step = partial["count"], partial["seconds"], start_step
             partial = None
 
         model.train()
         for step in range(first_step, steps_per_epoch):
             if ctx.stop_requested():
-                done = {"loss_sum": loss_sum.item(), "correct": int(correct.item()), "count": seen,
+                done = {"loss_sum": loss_sum.item(), "count": seen,
                         "seconds": earlier_seconds + time.perf_counter() - t0} if step > 0 else None
                 _checkpoint(ctx, model, optimizer, scaler, epoch, step, epoch_rng, done)
                 raise Preempted(f"stopped at epoch {epoch + 1}, step {step}; checkpointed")
@@ -118,15 +117,17 @@ def train(spec: TrainJob, ctx: JobContext) -> dict[str, Any]:
                 logits = forward(xb)
             loss = criterion(logits.float(), yb)
             optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+            if scaled:  # fp16 on CUDA: the scaler keeps small gradients from flushing to zero
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
             loss_sum.add_(loss.detach(), alpha=len(yb))
-            correct.add_((logits.detach().argmax(dim=1) == yb).sum())
             seen += len(yb)
 
         train_loss = loss_sum.item() / seen  # the epoch's one wait for the device
-        train_accuracy = correct.item() / seen
         train_seconds = earlier_seconds + time.perf_counter() - t0
         if not math.isfinite(train_loss):
             hint = " or use precision fp32" if precision != "fp32" else ""
@@ -135,7 +136,7 @@ def train(spec: TrainJob, ctx: JobContext) -> dict[str, Any]:
         val_loss, val_accuracy, _ = infer.evaluate(forward, d.x_val, d.y_val, max(bs, infer.EVAL_MIN_BATCH),
                                                    device, autocast)
         rates.append(seen / train_seconds if train_seconds > 0 else 0.0)
-        last = {"epoch": epoch + 1, "epochs": p.epochs, "train_loss": train_loss, "train_accuracy": train_accuracy,
+        last = {"epoch": epoch + 1, "epochs": p.epochs, "train_loss": train_loss,
                 "val_loss": val_loss, "val_accuracy": val_accuracy, "samples_per_s": rates[-1],
                 "seconds": earlier_seconds + time.perf_counter() - t0}
         ctx.emit({"type": "epoch", **last, **(devices.memory_stats(device) or {})})
@@ -150,7 +151,7 @@ def train(spec: TrainJob, ctx: JobContext) -> dict[str, Any]:
     if last is None:  # nothing left to run (a checkpoint of a finished run): report the model as it is
         val_loss, val_accuracy, _ = infer.evaluate(model, d.x_val, d.y_val, max(bs, infer.EVAL_MIN_BATCH),
                                                    device, autocast)
-        last = {"train_loss": None, "train_accuracy": None, "val_loss": val_loss, "val_accuracy": val_accuracy}
+        last = {"train_loss": None, "val_loss": val_loss, "val_accuracy": val_accuracy}
 
     meta = {"spec": spec.model_dump(mode="json"), "input_shape": list(d.input_shape), "num_classes": num_outputs,
             "pixels": d.pixels,
@@ -159,7 +160,7 @@ def train(spec: TrainJob, ctx: JobContext) -> dict[str, Any]:
     memory = devices.memory_stats(device) or {}
     return {
         "epochs": p.epochs,
-        "train_loss": last["train_loss"], "train_accuracy": last["train_accuracy"],
+        "train_loss": last["train_loss"],
         "val_loss": last["val_loss"], "val_accuracy": last["val_accuracy"],
         "samples_per_s": sum(rates) / len(rates) if rates else None,
         "input_shape": list(d.input_shape), "num_classes": num_outputs, "class_names": d.class_names,
