@@ -220,31 +220,44 @@ def still_ours(engine: Engine, job_id: int, claim_no: int) -> bool:
         return conn.execute(select(jobs.c.id).where(_fenced(job_id, claim_no))).first() is not None
 
 
-def record_epoch(engine: Engine, job_id: int, claim_no: int, epoch: int, data: dict) -> bool:
-    peak_a, peak_r = data.get("max_memory_allocated"), data.get("memory_reserved")
+def record_progress(engine: Engine, job_id: int, claim_no: int, epochs: list[tuple[int, dict]],
+                    checkpoint: tuple[int, str] | None = None) -> bool:
+    """Record finished epochs' metrics and the latest checkpoint in one transaction (a fast job can
+    finish many epochs between two of its worker's looks at the pipe)."""
     with write(engine) as conn:
         row = conn.execute(select(jobs.c.attempt, jobs.c.peak_memory_allocated, jobs.c.peak_memory_reserved)
                            .where(_fenced(job_id, claim_no))).first()
         if row is None:
             return False
-        conn.execute(update(jobs).where(_fenced(job_id, claim_no)).values(
-            epoch=epoch, latest_metrics={"epoch": epoch, **data},
-            peak_memory_allocated=_max(row.peak_memory_allocated, peak_a),
-            peak_memory_reserved=_max(row.peak_memory_reserved, peak_r)))
-        conn.execute(insert(metrics).values(job_id=job_id, epoch=epoch, attempt=row.attempt, data=data,
-                                            created_at=db_now()))
+        values: dict[str, Any] = {}
+        if epochs:
+            peak_a, peak_r = row.peak_memory_allocated, row.peak_memory_reserved
+            for _, data in epochs:
+                peak_a = _max(peak_a, data.get("max_memory_allocated"))
+                peak_r = _max(peak_r, data.get("max_memory_reserved", data.get("memory_reserved")))
+            last_epoch, last_data = epochs[-1]
+            values.update(epoch=last_epoch, latest_metrics={"epoch": last_epoch, **last_data},
+                          peak_memory_allocated=peak_a, peak_memory_reserved=peak_r)
+            now = conn.execute(select(db_now())).scalar_one()
+            conn.execute(insert(metrics), [dict(job_id=job_id, epoch=e, attempt=row.attempt, data=d, created_at=now)
+                                           for e, d in epochs])
+        if checkpoint is not None:
+            values.update(checkpoint_epoch=checkpoint[0], checkpoint_path=checkpoint[1])
+        if values:
+            conn.execute(update(jobs).where(_fenced(job_id, claim_no)).values(**values))
     return True
+
+
+def record_epoch(engine: Engine, job_id: int, claim_no: int, epoch: int, data: dict) -> bool:
+    return record_progress(engine, job_id, claim_no, [(epoch, data)])
+
+
+def record_checkpoint(engine: Engine, job_id: int, claim_no: int, epoch: int, path: str) -> bool:
+    return record_progress(engine, job_id, claim_no, [], (epoch, path))
 
 
 def _max(a, b):
     return b if a is None else a if b is None else max(a, b)
-
-
-def record_checkpoint(engine: Engine, job_id: int, claim_no: int, epoch: int, path: str) -> bool:
-    with write(engine) as conn:
-        res = conn.execute(update(jobs).where(_fenced(job_id, claim_no))
-                           .values(checkpoint_path=path, checkpoint_epoch=epoch))
-    return res.rowcount == 1
 
 
 def succeed(engine: Engine, job_id: int, claim_no: int, result: dict, artifact_path: str | None) -> bool:

@@ -1,15 +1,11 @@
 """Shared fixtures: a fresh data dir per test, the live service, tiny job presets."""
 import pytest
 
+from app.spec import TRAIN_EXAMPLE
 from tests.service import Service
 
-IRIS_JOB = {
-    "kind": "train", "name": "iris-mlp",
-    "model": {"arch": "mlp", "hidden": [8, 9]},
-    "data": {"dataset": "iris", "val_fraction": 0.2, "split_seed": 33},
-    "train": {"epochs": 100, "batch_size": 120, "optimizer": "adam", "lr": 0.01, "seed": 32},
-    "device": "auto",
-}
+# The README's Iris job (seed 000's MLP and loop settings), as the OpenAPI docs show it.
+IRIS_JOB = TRAIN_EXAMPLE
 
 
 def tiny_job(epochs: int = 2, **train) -> dict:

@@ -288,31 +288,55 @@ class Worker:
         run.outcome = self.db(queue.fail, run.job["id"], run.job["claim"], error) or "lost"
 
     def _drain(self, run: Running, wait: float) -> None:
+        events = []
         try:
-            while run.outcome is None and run.conn.poll(wait):
+            while len(events) < 1000 and run.conn.poll(wait):
                 wait = 0
-                self._handle(run, run.conn.recv())
+                events.append(run.conn.recv())
         except (EOFError, OSError):
             pass  # the job process is gone; _supervise notices through is_alive()
+        # Progress (epochs, checkpoints) is written in one transaction per look at the pipe: a fast
+        # job's hundred epochs a second must not become a hundred database commits a second.
+        progress: list[dict] = []
+        for event in events:
+            if run.outcome is not None:
+                break
+            if event.get("type") in ("epoch", "checkpoint"):
+                progress.append(event)
+                continue
+            self._record_progress(run, progress)
+            progress = []
+            if run.outcome is None:
+                self._handle(run, event)
+        if run.outcome is None:
+            self._record_progress(run, progress)
+
+    def _record_progress(self, run: Running, events: list[dict]) -> None:
+        if not events:
+            return
+        epochs = [(e["epoch"], {k: v for k, v in e.items() if k not in ("type", "epoch")})
+                  for e in events if e["type"] == "epoch"]
+        checkpoints = [e for e in events if e["type"] == "checkpoint"]
+        latest = checkpoints[-1] if checkpoints else None
+        ckpt = (latest["epoch"], os.path.relpath(latest["path"], self.settings.data_dir)) if latest else None
+        if not self.db(queue.record_progress, run.job["id"], run.job["claim"], epochs, ckpt):
+            self._lost(run)
+            return
+        mem = {k: v for k, v in (epochs[-1][1] if epochs else {}).items()
+               if k in ("memory_allocated", "memory_reserved", "max_memory_allocated")}
+        if mem:
+            self.stats = {**self.stats, "torch": mem}
+        if latest:  # earlier checkpoints are no longer referenced: free their disk
+            for old in [run.extra.get("checkpoint")] + [c["path"] for c in checkpoints[:-1]]:
+                if old and old != latest["path"]:
+                    Path(old).unlink(missing_ok=True)
+            run.extra["checkpoint"] = latest["path"]
 
     def _handle(self, run: Running, event: dict) -> None:
         job_id, claim_no = run.job["id"], run.job["claim"]
         kind = event.get("type")
         ok = True
-        if kind == "epoch":
-            data = {k: v for k, v in event.items() if k not in ("type", "epoch")}
-            ok = self.db(queue.record_epoch, job_id, claim_no, event["epoch"], data)
-            mem = {k: event[k] for k in ("memory_allocated", "memory_reserved", "max_memory_allocated") if k in event}
-            if mem:
-                self.stats = {**self.stats, "torch": mem}
-        elif kind == "checkpoint":
-            rel = os.path.relpath(event["path"], self.settings.data_dir)
-            ok = self.db(queue.record_checkpoint, job_id, claim_no, event["epoch"], rel)
-            if ok:  # the previous checkpoint is no longer referenced: free its disk
-                previous, run.extra["checkpoint"] = run.extra.get("checkpoint"), event["path"]
-                if previous and previous != event["path"]:
-                    Path(previous).unlink(missing_ok=True)
-        elif kind == "log":
+        if kind == "log":
             self._log(run, event["line"])
         elif kind == "done":
             artifact = run.extra["artifact_rel"] if run.job["kind"] == "train" else None
