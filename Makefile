@@ -23,7 +23,9 @@ test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: setup
-	$(BIN)/python -m bench.all
+	$(BIN)/python -m bench.train_throughput --rounds 3
+	$(BIN)/python -m bench.dispatch
+	$(BIN)/python -m bench.api
 
 clean:
 	rm -rf $(VENV) trainyard-data .pytest_cache
