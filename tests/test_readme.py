@@ -3,7 +3,6 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 from tests.service import ROOT
 

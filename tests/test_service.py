@@ -139,7 +139,9 @@ def test_cli_submit_wait_status_download(service, tmp_path):
     assert listing.returncode == 0 and "succeeded" in listing.stdout
     out = tmp_path / "model.safetensors"
     assert cli("download", str(job["id"]), "-o", str(out)).returncode == 0
-    assert set(safetensors.torch.load_file(out)) >= {"net.0.weight"} or len(safetensors.torch.load_file(out)) > 0
+    with service.client() as c:
+        assert out.read_bytes() == c.get(f"/jobs/{job['id']}/artifact").content
+    assert all(t.dtype == torch.float32 for t in safetensors.torch.load_file(out).values())
     assert json.loads(cli("devices", "--json").stdout)["cuda_available"] is False
     bad = cli("status", "9999")
     assert bad.returncode == 1 and "not found" in bad.stderr

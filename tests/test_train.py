@@ -1,7 +1,6 @@
 """worker/train.py (and the devices helpers it leans on): accuracy, determinism, exact resume, failures, precision."""
 import copy
 import math
-import os
 from pathlib import Path
 
 import pytest
