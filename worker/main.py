@@ -156,10 +156,10 @@ class Worker:
         (data_dir / ckpt_rel.parent).mkdir(parents=True, exist_ok=True)
         paths: dict[str, Any] = {
             "artifact_dir": str(data_dir / artifact_rel), "artifact_rel": str(artifact_rel),
-            "checkpoint_path": str(data_dir / ckpt_rel), "checkpoint_rel": str(ckpt_rel),
+            "checkpoint_path": str(data_dir / ckpt_rel),
             "resume_path": str(data_dir / job["checkpoint_path"]) if job.get("checkpoint_path") else None,
         }
-        paths["checkpoint"] = paths["resume_path"]
+        paths["checkpoint"] = paths["resume_path"]  # the checkpoint the database points at, to free once replaced
         paths["threads"] = self._cpu_threads() if self.device == "cpu" else None
         if job["kind"] == "predict":
             model_job = self.db(queue.get_job, job["spec"]["model_job"])
@@ -183,7 +183,7 @@ class Worker:
             paths = self._paths(job)
         except Exception as exc:  # e.g. the model job was deleted: the job's own problem
             self.db(queue.fail, job["id"], job["claim"],
-                       {"class": queue.JOB_ERROR, "type": type(exc).__name__, "message": str(exc)})
+                    {"class": queue.JOB_ERROR, "type": type(exc).__name__, "message": str(exc)})
             return
         parent_conn, child_conn = self.ctx.Pipe(duplex=False)
         proc = self.ctx.Process(target=runner_entry.run, name=f"trainyard-job-{job['id']}",
