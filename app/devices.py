@@ -126,7 +126,7 @@ def build_payload(nvml: list[dict] | None, workers: list[dict], now: float, buil
         age = max(0.0, now - w["last_heartbeat"])
         stats = w.get("stats") or {}
         return {"id": w["id"], "host": w["host"], "pid": w["pid"], "device": w["device"],
-                "state": "lost" if age > stale_after_s and w["state"] != "stopped" else w["state"],
+                "state": queue.worker_state(w, now, stale_after_s),
                 "job_id": w["job_id"], "torch": stats.get("torch"), "last_heartbeat_age_s": round(age, 3)}
 
     cuda = []

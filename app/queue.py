@@ -350,6 +350,13 @@ def list_workers(engine: Engine, include_stopped: bool = False) -> tuple[list[di
     return [_d(r) for r in rows], now
 
 
+def worker_state(worker: dict, now: float, stale_after_s: float) -> str:
+    """A worker's state as others should read it: 'lost' once it has missed a lease's worth of heartbeats."""
+    if worker["state"] != "stopped" and now - worker["last_heartbeat"] > stale_after_s:
+        return "lost"
+    return worker["state"]
+
+
 class Invalid(QueueError):
     """The request is well-formed but refers to something that cannot be used."""
 

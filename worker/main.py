@@ -173,7 +173,7 @@ class Worker:
         two jobs with one thread each."""
         workers, now = self.db(queue.list_workers)
         here = [w for w in workers if w["host"] == socket.gethostname() and w["device"] == "cpu"
-                and now - w["last_heartbeat"] < self.settings.lease_s]
+                and queue.worker_state(w, now, self.settings.lease_s) in ("idle", "busy")]
         return max(1, (os.cpu_count() or 1) // max(1, len(here)))
 
     def run_job(self, job: dict) -> None:

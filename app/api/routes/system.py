@@ -39,8 +39,8 @@ def get_workers(engine: EngineDep, settings: SettingsDep, include_stopped: bool 
     out = []
     for w in workers:
         age = max(0.0, now - w["last_heartbeat"])
-        state = "lost" if age > settings.lease_s and w["state"] != "stopped" else w["state"]
-        out.append(WorkerPublic(id=w["id"], host=w["host"], pid=w["pid"], device=w["device"], state=state,
+        out.append(WorkerPublic(id=w["id"], host=w["host"], pid=w["pid"], device=w["device"],
+                                state=queue.worker_state(w, now, settings.lease_s),
                                 job_id=w["job_id"], started_at=ts(w["started_at"]),
                                 last_heartbeat=ts(w["last_heartbeat"]), last_heartbeat_age_s=round(age, 3),
                                 torch=(w["stats"] or {}).get("torch")))
