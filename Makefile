@@ -6,10 +6,12 @@ BIN := $(VENV)/bin
 
 .PHONY: setup run test bench clean
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml examples/plugin/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
+	# The example plugin (a model, a dataset, an entrypoint): the plugin tests and the README use it.
+	$(BIN)/pip install --quiet --no-build-isolation -e examples/plugin
 	touch $@
 
 # The browser tests drive Debian's chromium (Playwright's own browser download is not used).

@@ -7,8 +7,9 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Index, Integer, MetaData, String,
-                        Table, Text, UniqueConstraint, create_engine, event)
+                        Table, Text, UniqueConstraint, create_engine, event, inspect)
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 from sqlalchemy.types import Float as FloatType
@@ -42,6 +43,11 @@ jobs = Table(
     Column("latest_metrics", JSON),
     Column("peak_memory_allocated", BigInteger),
     Column("peak_memory_reserved", BigInteger),
+    Column("parameters", BigInteger),  # the model's size, counted at submit (train jobs)
+    # The plugins a job needs of the worker that claims it (app/admission.py); NULL: none of that kind.
+    Column("need_model", String(100)),
+    Column("need_dataset", String(100)),
+    Column("need_entrypoint", String(100)),
     Column("checkpoint_path", Text),
     Column("checkpoint_epoch", Integer),
     Column("artifact_path", Text),
@@ -141,3 +147,22 @@ def read(engine: Engine) -> Iterator[Connection]:
 
 def create_all(engine: Engine) -> None:
     metadata.create_all(engine)
+    _add_missing_columns(engine)
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """Add nullable columns that a database made by an earlier release lacks (create_all never
+    alters an existing table). Several processes may race to do it: the loser's error is harmless."""
+    existing = {t: {c["name"] for c in inspect(engine).get_columns(t)} for t in metadata.tables}
+    for table in metadata.sorted_tables:
+        for column in table.columns:
+            if column.name in existing[table.name]:
+                continue
+            assert column.nullable, f"{table.name}.{column.name} needs a real migration"
+            ddl = f"ALTER TABLE {table.name} ADD COLUMN {column.name} {column.type.compile(engine.dialect)}"
+            try:
+                with write(engine) as conn:
+                    conn.exec_driver_sql(ddl)
+            except (OperationalError, ProgrammingError):
+                if column.name not in {c["name"] for c in inspect(engine).get_columns(table.name)}:
+                    raise

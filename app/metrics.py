@@ -3,14 +3,43 @@
 Nothing is counted in the server's memory: with several servers (or a restart) the numbers come
 from the shared database, so every scrape of any server tells the same story.
 """
+from typing import Any
+
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from sqlalchemy import case, func, select
 from sqlalchemy.engine import Engine
 
-from app import devices, queue
-from app.spec import JOB_KINDS, JOB_STATES
+from trainyard.app import hardware
+from trainyard.app.db import jobs, read
+from trainyard.app.spec import JOB_KINDS
+from trainyard.app.states import JobState
 
 DURATION_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
+
+
+def stats(engine: Engine, buckets: tuple[float, ...]) -> dict[str, Any]:
+    """Aggregates for monitoring, computed by the database: jobs by kind and state, a histogram of
+    finished jobs' durations (cumulative counts per bucket, sum, count), and running jobs' speed."""
+    duration = jobs.c.finished_at - jobs.c.started_at
+    finished = jobs.c.state.in_((JobState.SUCCEEDED, JobState.FAILED)) & jobs.c.started_at.is_not(None)
+    with read(engine) as conn:
+        by_state = conn.execute(select(jobs.c.kind, jobs.c.state, func.count())
+                                .group_by(jobs.c.kind, jobs.c.state)).all()
+        hist = conn.execute(select(
+            jobs.c.kind, func.count(), func.coalesce(func.sum(duration), 0.0),
+            *[func.sum(case((duration <= b, 1), else_=0)) for b in buckets],
+        ).where(finished).group_by(jobs.c.kind)).all()
+        running = conn.execute(select(jobs.c.id, jobs.c.kind, jobs.c.device, jobs.c.latest_metrics)
+                               .where(jobs.c.state == JobState.RUNNING)).all()
+    return {
+        "by_state": {(k, s): n for k, s, n in by_state},
+        "durations": {row[0]: {"count": row[1], "sum": float(row[2]), "buckets": [int(v or 0) for v in row[3:]]}
+                      for row in hist},
+        "running": [{"id": r.id, "kind": r.kind, "device": r.device,
+                     "samples_per_s": (r.latest_metrics or {}).get("samples_per_s")} for r in running],
+    }
+
 
 
 class _Collector:
@@ -19,14 +48,14 @@ class _Collector:
         self.stale_after_s = stale_after_s
 
     def collect(self):
-        st = queue.stats(self.engine, DURATION_BUCKETS)
-        jobs = GaugeMetricFamily("trainyard_jobs", "Jobs by kind and state", labels=["kind", "state"])
+        st = stats(self.engine, DURATION_BUCKETS)
+        by_state = GaugeMetricFamily("trainyard_jobs", "Jobs by kind and state", labels=["kind", "state"])
         for kind in JOB_KINDS:
-            for state in JOB_STATES:
-                jobs.add_metric([kind, state], st["by_state"].get((kind, state), 0))
-        yield jobs
+            for state in JobState:
+                by_state.add_metric([kind, state.value], st["by_state"].get((kind, state.value), 0))
+        yield by_state
         yield GaugeMetricFamily("trainyard_queue_depth", "Jobs waiting for a worker",
-                                value=sum(n for (_, s), n in st["by_state"].items() if s == "queued"))
+                                value=sum(n for (_, s), n in st["by_state"].items() if s == JobState.QUEUED))
 
         hist = HistogramMetricFamily("trainyard_job_duration_seconds", "Run time of finished jobs (latest run)",
                                      labels=["kind"])
@@ -42,7 +71,7 @@ class _Collector:
                 speed.add_metric([str(r["id"]), r["device"] or ""], r["samples_per_s"])
         yield speed
 
-        payload = devices.snapshot(self.engine, self.stale_after_s)
+        payload = hardware.snapshot(self.engine, self.stale_after_s)
         alive = GaugeMetricFamily("trainyard_workers_alive", "Workers with a recent heartbeat", labels=["device"])
         used = GaugeMetricFamily("trainyard_device_memory_used_bytes", "GPU memory in use (NVML)", labels=["device"])
         total = GaugeMetricFamily("trainyard_device_memory_total_bytes", "GPU memory (NVML)", labels=["device"])

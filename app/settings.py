@@ -5,6 +5,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trainyard.app.layout import Layout
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TRAINYARD_", extra="ignore")
@@ -27,15 +29,53 @@ class Settings(BaseSettings):
     grace_s: float = Field(30.0, ge=0)
     max_body_bytes: int = Field(1 << 20, gt=0)
 
+    # HTTP: which Host headers the server answers (DNS rebinding), and which other web origins may
+    # send it state-changing requests (none by default: a page on another site must not act for its user).
+    # Comma-separated; "*" in allowed_hosts answers any host.
+    allowed_hosts: str = "localhost,127.0.0.1,[::1]"
+    allowed_origins: str = ""
+
+    # Uploads (POST /datasets).
+    max_upload_bytes: int = Field(200 << 20, gt=0)
+    max_upload_files: int = Field(100_000, gt=0, description="members of one zip or .npz upload")
+    upload_quota_bytes: int = Field(10 << 30, gt=0, description="stored bytes of all uploads together")
+    max_uploads: int = Field(1000, gt=0, description="uploaded datasets kept at once")
+    # Decoded built-in datasets and FakeData: least recently used entries are evicted past this.
+    dataset_cache_bytes: int = Field(20 << 30, gt=0)
+
+    # What one job may cost. A job process over its host-memory budget fails as `oom` (not retried);
+    # the default budget is job_memory_share of the host's memory divided among its live workers.
+    job_memory_bytes: int | None = Field(None, gt=0)
+    job_memory_share: float = Field(0.8, gt=0, le=1)
+    # Cap on the share of its GPU's memory one job process may take (torch's per-process fraction).
+    job_gpu_memory_fraction: float | None = Field(None, gt=0, le=1)
+    # Which installed plugins this process offers: "*" all, "" none, or a comma-separated list of names.
+    plugins: str = "*"
+    # Built-in architectures over this many parameters are refused at submit (422).
+    max_parameters: int = Field(1_000_000_000, gt=0)
+    # A predict job's output: rows x probabilities per row (classes, or top_k) at most this many.
+    max_predict_values: int = Field(1_000_000, gt=0)
+
     @property
     def db_url(self) -> str:
         if self.database_url:
             return self.database_url
         return f"sqlite:///{self.data_dir.resolve() / 'trainyard.db'}"
 
+    @property
+    def allowed_host_list(self) -> list[str]:
+        return [h.strip() for h in self.allowed_hosts.split(",") if h.strip()]
+
+    @property
+    def allowed_origin_list(self) -> list[str]:
+        return [o.strip().rstrip("/") for o in self.allowed_origins.split(",") if o.strip()]
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.data_dir)
+
     def ensure_dirs(self) -> None:
-        for sub in ("artifacts", "checkpoints", "datasets"):
-            (self.data_dir / sub).mkdir(parents=True, exist_ok=True)
+        self.layout.ensure()
 
 
 @lru_cache

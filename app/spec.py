@@ -3,11 +3,15 @@
 This module is the single source of truth for job kinds, architectures, datasets, devices and the
 limits on every field. It imports neither torch nor FastAPI, so the API server stays light.
 """
+import json
 import math
 import re
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_serializer, model_validator
+
+from trainyard.app import device_names
+from trainyard.app.plugins import NAME as PLUGIN_NAME
 
 # Architectures built by worker/nets.py, plus torchvision.models classifiers by name.
 ARCHS = ("mlp", "cnn", "cifar_net")
@@ -23,36 +27,79 @@ TORCHVISION_ARCHS = (
 )
 ALL_ARCHS = ARCHS + TORCHVISION_ARCHS
 
-DATASETS = ("iris", "digits", "mnist", "fashion_mnist", "cifar10", "fake")
+# Built-in datasets: what a client can discover through GET /catalog, and the pixel scaling the
+# worker applies: (mean, std) of pixels scaled to 0..1, as transforms.Normalize does (one per
+# channel alike). Adding a dataset is an entry here and a loader in worker/data.py.
+DATASET_INFO = {
+    "iris": {"source": "shipped", "input_shape": [4], "classes": 3, "samples": 150,
+             "split": "val_fraction/split_seed (as sklearn's train_test_split)"},
+    "digits": {"source": "shipped", "input_shape": [1, 8, 8], "classes": 10, "samples": 1797,
+               "split": "val_fraction/split_seed", "scale": "0..16 -> 0..1"},
+    "mnist": {"source": "torchvision (downloaded into the data dir)", "input_shape": [1, 28, 28], "classes": 10,
+              "samples": 70000, "split": "official train / test", "pixel_norm": [0.1307, 0.3081]},
+    "fashion_mnist": {"source": "torchvision (downloaded into the data dir)", "input_shape": [1, 28, 28],
+                      "classes": 10, "samples": 70000, "split": "official train / test", "pixel_norm": [0.2860, 0.3530]},
+    "cifar10": {"source": "torchvision (downloaded into the data dir)", "input_shape": [3, 32, 32], "classes": 10,
+                "samples": 60000, "split": "official train / test", "pixel_norm": [0.5, 0.5]},
+    "fake": {"source": "torchvision FakeData", "input_shape": "data.image_size", "classes": "data.num_classes",
+             "samples": "data.size", "split": "val_fraction/split_seed", "pixel_norm": [0.5, 0.5],
+             "params": ["image_size", "num_classes", "size"]},
+}
+DATASETS = tuple(DATASET_INFO)
+# The fields of ModelSpec each built-in architecture uses (arch and num_classes apply to all);
+# a stored spec keeps only those, so an MLP's record does not show a CNN's kernel size.
+ARCH_FIELDS = {"mlp": ("hidden", "activation", "dropout"),
+               "cnn": ("channels", "kernel_size", "batch_norm", "activation", "dropout"),
+               "cifar_net": ()}
 UPLOAD_PREFIX = "upload:"
 ACTIVATIONS = ("relu", "gelu", "tanh", "sigmoid", "leaky_relu", "silu")
-DEVICE_PATTERN = r"^(auto|cpu|cuda|cuda:[0-9]{1,2})$"
-_UPLOAD_ID = re.compile(r"^[a-z0-9]{1,64}$")
+DEVICE_PATTERN = device_names.PATTERN
+_UPLOAD_ID = re.compile(r"[a-z0-9]{1,64}")
 
-JOB_KINDS = ("train", "predict")
-JOB_STATES = ("queued", "running", "succeeded", "failed", "cancelled")
-TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+JOB_KINDS = ("train", "predict", "run")
+# A plugin's parameters, or a run job's config: JSON of at most this many bytes.
+MAX_PARAMS_BYTES = 64 << 10
 
 MAX_PREDICT_ROWS = 10_000
 MAX_ID = 2**53
+# Largest magnitude a float32 holds: inputs beyond it would overflow to inf in the model.
+FLOAT32_MAX = 3.4028234663852886e38
+# FakeData decoded to uint8 (samples x C x H x W); training holds it again as float32.
+MAX_FAKE_BYTES = 1 << 30
 
 
 class _Strict(BaseModel):
     # Unknown fields are refused rather than silently ignored: a typo like "epoch" must not
-    # quietly train with the default. NaN and infinities are refused everywhere.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # quietly train with the default. NaN and infinities are refused everywhere. Strict types:
+    # "5" is not an integer and true is not a number (an integer is still a valid float).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 def check_dataset(name: str) -> str:
-    if name in DATASETS:
+    """A built-in dataset, an upload, or a name a plugin may have (whether one does is checked at submit)."""
+    if name in DATASETS or PLUGIN_NAME.fullmatch(name):
         return name
-    if name.startswith(UPLOAD_PREFIX) and _UPLOAD_ID.match(name[len(UPLOAD_PREFIX):]):
+    if name.startswith(UPLOAD_PREFIX) and _UPLOAD_ID.fullmatch(name[len(UPLOAD_PREFIX):]):
         return name
-    raise ValueError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)} or upload:<id>")
+    raise ValueError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}, upload:<id> or a dataset plugin")
+
+
+def is_plugin_dataset(name: str) -> bool:
+    return name not in DATASETS and not name.startswith(UPLOAD_PREFIX)
+
+
+def _bounded_params(v: dict | None) -> dict | None:
+    if v is not None and len(json.dumps(v)) > MAX_PARAMS_BYTES:
+        raise ValueError(f"is over {MAX_PARAMS_BYTES // 1024} KiB of JSON")
+    return v
+
+
+Params = Annotated[dict[str, Any] | None, Field(None, description="a plugin's keyword arguments (JSON, at most 64 KiB)")]
 
 
 class ModelSpec(_Strict):
-    arch: str = Field(description="mlp, cnn, cifar_net or a torchvision.models classifier name")
+    arch: str = Field(description="mlp, cnn, cifar_net, a torchvision.models classifier name, or a model plugin")
+    params: Params
     hidden: list[Annotated[int, Field(ge=1, le=65536)]] | None = Field(
         None, max_length=16, description="mlp: hidden layer sizes (default [64])")
     activation: Literal[ACTIVATIONS] = "relu"  # type: ignore[valid-type]
@@ -66,31 +113,81 @@ class ModelSpec(_Strict):
     @field_validator("arch")
     @classmethod
     def _known_arch(cls, v: str) -> str:
-        if v not in ALL_ARCHS:
-            raise ValueError(f"unknown architecture {v!r}; valid: {', '.join(ALL_ARCHS)}")
+        # A plugin's name is checked at submit against what the workers have installed.
+        if v not in ALL_ARCHS and not PLUGIN_NAME.fullmatch(v):
+            raise ValueError(f"unknown architecture {v!r}; valid: {', '.join(ALL_ARCHS)} or a model plugin")
         return v
+
+    _params = field_validator("params")(classmethod(lambda cls, v: _bounded_params(v)))
+
+    @property
+    def is_plugin(self) -> bool:
+        return self.arch not in ALL_ARCHS
 
     @model_validator(mode="after")
     def _fields_fit_arch(self):
+        if self.is_plugin and (self.hidden is not None or self.channels is not None):
+            raise ValueError(f"unknown architecture {self.arch!r}; valid: {', '.join(ALL_ARCHS)}, or a model plugin "
+                             "(which takes `params`, not `hidden` or `channels`)")
         if self.hidden is not None and self.arch != "mlp":
             raise ValueError("model.hidden applies to arch 'mlp' only")
         if self.channels is not None and self.arch != "cnn":
             raise ValueError("model.channels applies to arch 'cnn' only")
+        if self.params is not None and not self.is_plugin:
+            raise ValueError("model.params applies to model plugins; built-in architectures have fields of their own")
         return self
+
+    @model_serializer(mode="wrap")
+    def _applicable(self, handler):
+        used = ("arch", "num_classes", *(("params",) if self.is_plugin else ARCH_FIELDS[self.arch]
+                                         if self.arch in ARCH_FIELDS else ()))
+        return {k: v for k, v in handler(self).items() if k in used}
 
 
 class DataSpec(_Strict):
-    dataset: str = Field(description="iris, digits, mnist, fashion_mnist, cifar10, fake or upload:<id>")
+    dataset: str = Field(description="iris, digits, mnist, fashion_mnist, cifar10, fake, upload:<id> or a dataset plugin")
+    params: Params
     val_fraction: float = Field(0.2, gt=0.0, lt=1.0,
                                 description="share held out for validation (datasets without a test split)")
     split_seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of the train/validation split")
-    image_size: tuple[Annotated[int, Field(ge=1, le=4)], Annotated[int, Field(ge=4, le=512)],
-                      Annotated[int, Field(ge=4, le=512)]] = Field(
-        (3, 32, 32), description="fake: channels, height, width")
+    image_size: list[Annotated[int, Field(ge=1, le=512)]] = Field(
+        [3, 32, 32], min_length=3, max_length=3, description="fake: channels (1-4), height, width (4-512)")
     num_classes: int = Field(10, ge=2, le=1000, description="fake: number of classes")
     size: int = Field(1000, ge=10, le=200_000, description="fake: number of samples")
 
     _dataset = field_validator("dataset")(classmethod(lambda cls, v: check_dataset(v)))
+    _params = field_validator("params")(classmethod(lambda cls, v: _bounded_params(v)))
+
+    @model_validator(mode="after")
+    def _params_fit_dataset(self):
+        if self.params is not None and not is_plugin_dataset(self.dataset):
+            raise ValueError("data.params applies to dataset plugins")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _applicable(self, handler):
+        fake_only = DATASET_INFO["fake"]["params"]
+        plugin = is_plugin_dataset(self.dataset)
+        return {k: v for k, v in handler(self).items()
+                if (self.dataset == "fake" or k not in fake_only) and (plugin or k != "params")}
+
+    @field_validator("image_size")
+    @classmethod
+    def _image_size(cls, v: list[int]) -> list[int]:
+        c, h, w = v
+        if not 1 <= c <= 4 or not (4 <= h <= 512 and 4 <= w <= 512):
+            raise ValueError("image_size is [channels 1-4, height 4-512, width 4-512]")
+        return v
+
+    @model_validator(mode="after")
+    def _fake_fits(self):
+        if self.dataset == "fake":
+            c, h, w = self.image_size
+            if self.size * c * h * w > MAX_FAKE_BYTES:
+                raise ValueError(f"fake data of {self.size} images of {c}x{h}x{w} is "
+                                 f"{self.size * c * h * w / 2**30:.1f} GiB; the limit is "
+                                 f"{MAX_FAKE_BYTES / 2**30:.0f} GiB (lower size or image_size)")
+        return self
 
 
 class TrainParams(_Strict):
@@ -108,6 +205,10 @@ class TrainParams(_Strict):
     cudnn_benchmark: bool = Field(True, description="let cuDNN pick the fastest conv algorithms")
     channels_last: bool = Field(False, description="channels_last memory format for conv nets")
     compile: bool = Field(False, description="torch.compile the model")
+
+    @model_serializer(mode="wrap")
+    def _applicable(self, handler):
+        return {k: v for k, v in handler(self).items() if k != "momentum" or self.optimizer == "sgd"}
 
 
 class _JobBase(_Strict):
@@ -130,18 +231,22 @@ class PredictData(_Strict):
     split: Literal["train", "val", "all"] = "val"
     val_fraction: float | None = Field(None, gt=0.0, lt=1.0, description="default: the training job's")
     split_seed: int | None = Field(None, ge=0, le=2**32 - 1, description="default: the training job's")
+    params: Params
 
     _dataset = field_validator("dataset")(classmethod(lambda cls, v: check_dataset(v)))
+    _params = field_validator("params")(classmethod(lambda cls, v: _bounded_params(v)))
 
 
 class PredictJob(_JobBase):
     kind: Literal["predict"]
-    model_job: int = Field(ge=1, le=MAX_ID, description="id of a succeeded train job")
+    model_job: int = Field(ge=1, le=MAX_ID, description="id of a succeeded train job (or run job that saved a model)")
     inputs: list[list[float]] | None = Field(
         None, min_length=1, max_length=MAX_PREDICT_ROWS,
         description="rows of features; image inputs flattened (C*H*W values per row)")
     data: PredictData | None = None
     batch_size: int = Field(1024, ge=1, le=65_536)
+    top_k: int | None = Field(None, ge=1, le=1000,
+                              description="inputs: return the k most likely classes per row instead of every probability")
 
     @model_validator(mode="after")
     def _inputs_or_data(self):
@@ -151,16 +256,36 @@ class PredictJob(_JobBase):
             widths = {len(row) for row in self.inputs}
             if len(widths) != 1 or 0 in widths:
                 raise ValueError("inputs: every row must have the same, non-zero number of values")
-            if not all(math.isfinite(v) for row in self.inputs for v in row):
-                raise ValueError("inputs: values must be finite numbers")
+            if not all(math.isfinite(v) and abs(v) <= FLOAT32_MAX for row in self.inputs for v in row):
+                raise ValueError(f"inputs: values must be finite numbers within float32's range "
+                                 f"(|v| <= {FLOAT32_MAX:.4g})")
+        elif self.top_k is not None:
+            raise ValueError("top_k applies to inputs; an evaluation on data reports accuracy, not rows")
         return self
 
 
-JobSpec = Annotated[Union[TrainJob, PredictJob], Field(discriminator="kind")]
+class RunJob(_JobBase):
+    """Your own training program, installed on the workers as an entry point (trainyard.entrypoints)."""
+    kind: Literal["run"]
+    entrypoint: str = Field(description="an installed entrypoint plugin: fn(ctx, config) -> dict | None")
+    config: dict[str, Any] = Field(default_factory=dict, description="passed to the entrypoint (JSON, at most 64 KiB)")
+    epochs: int | None = Field(None, ge=1, le=1_000_000, description="progress denominator (or ctx.set_total)")
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_name(cls, v: str) -> str:
+        if not PLUGIN_NAME.fullmatch(v):
+            raise ValueError(f"{v[:100]!r} is not a plugin name (letters, digits, '_', '.', '-')")
+        return v
+
+    _config = field_validator("config")(classmethod(lambda cls, v: _bounded_params(v)))
+
+
+JobSpec = Annotated[Union[TrainJob, PredictJob, RunJob], Field(discriminator="kind")]
 job_spec_adapter: TypeAdapter = TypeAdapter(JobSpec)
 
 
-def parse_spec(raw: dict) -> TrainJob | PredictJob:
+def parse_spec(raw: dict) -> TrainJob | PredictJob | RunJob:
     """Re-validate a stored spec (the worker does this before running it)."""
     return job_spec_adapter.validate_python(raw)
 
@@ -176,33 +301,14 @@ PREDICT_INPUTS_EXAMPLE = {"kind": "predict", "model_job": 1, "inputs": [[5.1, 3.
 PREDICT_DATA_EXAMPLE = {"kind": "predict", "model_job": 1, "data": {"dataset": "iris", "split": "val"}}
 
 
-# Built-in datasets: what a client can discover through GET /catalog.
-DATASET_INFO = {
-    "iris": {"source": "shipped", "input_shape": [4], "classes": 3, "samples": 150,
-             "split": "val_fraction/split_seed (as sklearn's train_test_split)"},
-    "digits": {"source": "shipped", "input_shape": [1, 8, 8], "classes": 10, "samples": 1797,
-               "split": "val_fraction/split_seed"},
-    "mnist": {"source": "torchvision (downloaded into the data dir)", "input_shape": [1, 28, 28], "classes": 10,
-              "samples": 70000, "split": "official train / test"},
-    "fashion_mnist": {"source": "torchvision (downloaded into the data dir)", "input_shape": [1, 28, 28],
-                      "classes": 10, "samples": 70000, "split": "official train / test"},
-    "cifar10": {"source": "torchvision (downloaded into the data dir)", "input_shape": [3, 32, 32], "classes": 10,
-                "samples": 60000, "split": "official train / test"},
-    "fake": {"source": "torchvision FakeData", "input_shape": "data.image_size", "classes": "data.num_classes",
-             "samples": "data.size", "split": "val_fraction/split_seed",
-             "params": ["image_size", "num_classes", "size"]},
-}
-ARCH_INFO = {
-    "mlp": {"params": ["hidden", "activation", "dropout", "num_classes"], "inputs": "any (flattened)"},
-    "cnn": {"params": ["channels", "kernel_size", "batch_norm", "activation", "dropout", "num_classes"],
-            "inputs": "images (C, H, W)"},
-    "cifar_net": {"params": ["num_classes"], "inputs": "images (C, 32, 32)"},
-}
+ARCH_INPUTS = {"mlp": "any (flattened)", "cnn": "images (C, H, W)", "cifar_net": "images (C, 32, 32)"}
 
 
-def catalog() -> dict:
-    """Everything a client may put in a job, with the limits, derived from the models above."""
-    archs = [{"name": name, **ARCH_INFO[name]} for name in ARCHS]
+def catalog(plugins: list[dict] | None = None) -> dict:
+    """Everything a client may put in a job, with the limits, derived from the models above; plugins:
+    those installed on this server or on live workers (kind, name, distribution, version, where)."""
+    archs = [{"name": name, "params": [*ARCH_FIELDS[name], "num_classes"], "inputs": ARCH_INPUTS[name]}
+             for name in ARCHS]
     archs += [{"name": name, "source": "torchvision.models", "params": ["num_classes"],
                "inputs": "images (C, H, W); 1-channel images are expanded to 3"} for name in TORCHVISION_ARCHS]
     return {
@@ -210,6 +316,8 @@ def catalog() -> dict:
         "datasets": [{"name": name, **info} for name, info in DATASET_INFO.items()]
         + [{"name": "upload:<id>", "source": "POST /datasets"}],
         "activations": list(ACTIVATIONS),
-        "devices": ["auto", "cpu", "cuda", "cuda:N"],
-        "schemas": {"train": TrainJob.model_json_schema(), "predict": PredictJob.model_json_schema()},
+        "devices": list(device_names.JOB_DEVICES),
+        "plugins": plugins or [],
+        "schemas": {"train": TrainJob.model_json_schema(), "predict": PredictJob.model_json_schema(),
+                    "run": RunJob.model_json_schema()},
     }

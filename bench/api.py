@@ -33,7 +33,8 @@ from collections import Counter
 import httpx
 
 from bench.common import TINY_JOB, CpuMeter, env_line, load_note, pct, service, table, verdict
-from tests.service import ROOT, free_port
+from trainyard.app.launcher import ROOT, free_port
+from trainyard.app.states import JobState
 
 RATE, CONCURRENCY = 200, 8
 READ_P99_MS, READ_RATIO = 20, 0.5
@@ -160,7 +161,7 @@ def main() -> None:
     try:
         with service(workers=1) as svc, svc.client() as c:
             job = c.post("/jobs", json=TINY_JOB).raise_for_status().json()
-            if svc.wait_state(job["id"])["state"] != "succeeded":
+            if svc.wait_state(job["id"])["state"] != JobState.SUCCEEDED:
                 raise RuntimeError(f"the tiny job failed:\n{svc.output()}")
             for _ in range(preload):
                 c.post("/jobs", json=POST_BODY).raise_for_status()

@@ -1,5 +1,5 @@
 """The ceiling for bench/api.py: a minimal FastAPI app, run the way `trainyard serve` runs its app
-(app/cli.py cmd_serve: `uvicorn.run(app, host=..., port=..., log_level=...)`, nothing else).
+(app/cli/launch.py cmd_serve: `uvicorn.run(app, host=..., port=..., log_level=...)`, nothing else).
 
 `python -m bench.bare_app PORT`. GET /bare is an `async def` route (no thread hop, the framework's
 best case); GET /bare-sync is the same as a plain `def` route, run in Starlette's thread pool like

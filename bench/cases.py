@@ -6,7 +6,7 @@ IRIS = {"kind": "train", "name": "bench-iris", "model": {"arch": "mlp", "hidden"
 
 
 def cifar(batch_size: int, epochs: int) -> dict:
-    """Seed 002's Net and loop settings (SGD 0.001, momentum 0.9) on FakeData shaped like CIFAR-10."""
+    """The classic CIFAR-10 convnet and notebook settings (SGD 0.001, momentum 0.9) on FakeData shaped like CIFAR-10."""
     return {"kind": "train", "name": f"bench-cifar-b{batch_size}", "model": {"arch": "cifar_net"},
             "data": {"dataset": "fake", "image_size": [3, 32, 32], "num_classes": 10, "size": 2500},
             "train": {"epochs": epochs, "batch_size": batch_size, "optimizer": "sgd", "lr": 0.001, "momentum": 0.9},

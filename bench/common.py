@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from app.settings import Settings
-from tests.service import ROOT, Service
+from trainyard.app.settings import Settings
+from trainyard.app.launcher import ROOT, Service
 
 # The production defaults, not tests.service's FAST_ENV (short leases, 0.5 s heartbeats), so that
 # background writes happen as often as they would in a real deployment. TRAINYARD_POLL_S is left
@@ -42,7 +42,7 @@ def load_note() -> str:
 def service(workers: int = 0, device: str = "cpu") -> Iterator[Service]:
     """`trainyard serve` plus `workers` workers on a fresh temp data dir; all registered on entry."""
     tmp = Path(tempfile.mkdtemp(prefix="trainyard-bench-"))
-    svc = Service(tmp / "data", env=PROD_ENV)
+    svc = Service.isolated(tmp / "data", env=PROD_ENV)
     try:
         svc.start_server()
         for _ in range(workers):  # start them side by side: each fork server imports torch

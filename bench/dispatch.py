@@ -27,10 +27,10 @@ import random
 import time
 from collections import Counter
 
-from bench.common import TINY_JOB, env_line, load_note, iso_s, pct, service, table, verdict
+from trainyard.app.states import TERMINAL, JobState
+from bench.common import TINY_JOB, env_line, iso_s, load_note, pct, service, table, verdict
 
 LATENCY_P50_MS, LATENCY_P99_MS = 50, 150
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def latency(svc, c, n: int) -> dict:
@@ -41,7 +41,7 @@ def latency(svc, c, n: int) -> dict:
         while job["state"] not in TERMINAL:
             time.sleep(0.025)
             job = c.get(f"/jobs/{job['id']}").raise_for_status().json()
-        if job["state"] != "succeeded":
+        if job["state"] != JobState.SUCCEEDED:
             raise RuntimeError(f"job {job['id']} {job['state']}: {job['error']}\n{svc.output()}")
         created = iso_s(job["created_at"])
         run_ms.append(1000 * (iso_s(job["started_at"]) - created))
@@ -61,7 +61,7 @@ def drain(svc, c, m: int) -> dict:
         if time.monotonic() > deadline:
             raise RuntimeError(f"queue not drained: {Counter(j['state'] for j in jobs)}\n{svc.output()}")
         time.sleep(0.25)
-    bad = [j for j in jobs if j["state"] != "succeeded"]
+    bad = [j for j in jobs if j["state"] != JobState.SUCCEEDED]
     if bad:
         raise RuntimeError(f"{len(bad)} jobs did not succeed, e.g. {bad[0]['error']}")
     span = max(iso_s(j["finished_at"]) for j in jobs) - min(iso_s(j["created_at"]) for j in jobs)

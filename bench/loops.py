@@ -2,8 +2,9 @@
 
 Run one as `python -m bench.loops CASE LOOP EPOCHS DATA_DIR`; it prints a JSON line with the
 training seconds of each epoch (evaluation excluded, as in the service's samples_per_s).
-- seed000: the Iris loop of shared/seeds/000 (full batch, Adam), verbatim but for the prints.
-- seed002: the CIFAR loop of shared/seeds/002: torchvision FakeData through ToTensor + Normalize,
+- seed000: the classic notebook Iris loop (full batch, Adam, model.forward per epoch, losses kept in
+  a list), as written in the project's founding tutorials.
+- seed002: the classic CIFAR-10 notebook loop: torchvision FakeData through ToTensor + Normalize,
   a DataLoader with shuffle and num_workers=2, `.to(device)` per batch, `loss.item()` per step.
 - tight: the best plain eager loop we know: tensors in memory, a shuffled index per epoch, batches
   sliced from it, losses accumulated on the device and read once per epoch.
@@ -16,9 +17,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from app.spec import parse_spec
+from trainyard.app.spec import parse_spec
 from bench.cases import CASES
-from worker import data, nets
+from trainyard.worker import data, nets, train
 
 
 def seed000(spec, d, device, epochs):
@@ -44,7 +45,7 @@ def tight(spec, d, device, epochs):
     torch.manual_seed(spec.train.seed)
     model = nets.build_model(spec.model, d.input_shape, len(d.class_names)).to(device)
     criterion = nn.CrossEntropyLoss()
-    optimizer = _optimizer(spec, model)
+    optimizer = train.make_optimizer(spec.train, model.parameters())
     x, y, bs = d.x_train.to(device), d.y_train.to(device), spec.train.batch_size
     seconds = []
     for _ in range(epochs):
@@ -94,14 +95,6 @@ def seed002(spec, d, device, epochs):
             running_loss += loss.item()
         seconds.append(time.perf_counter() - start)
     return seconds, len(trainset)
-
-
-def _optimizer(spec, model):
-    p = spec.train
-    if p.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=p.lr, momentum=p.momentum, weight_decay=p.weight_decay)
-    cls = torch.optim.Adam if p.optimizer == "adam" else torch.optim.AdamW
-    return cls(model.parameters(), lr=p.lr, weight_decay=p.weight_decay)
 
 
 LOOPS = {"seed000": seed000, "seed002": seed002, "tight": tight}

@@ -22,8 +22,10 @@ from pathlib import Path
 
 import torch
 
+from trainyard.app.launcher import ROOT, Service
+from trainyard.app.states import JobState
 from bench.cases import CASES, YARDSTICKS
-from tests.service import ROOT, Service
+from bench.common import PROD_ENV
 
 
 def rate(seconds: list[float], samples: int) -> float:
@@ -38,7 +40,7 @@ def run_service(svc: Service, case: str, epochs: int | None) -> tuple[float, flo
     t0 = time.perf_counter()
     job = svc.wait_state(svc.submit(spec)["id"], timeout=1800)
     wall = time.perf_counter() - t0
-    assert job["state"] == "succeeded", job
+    assert job["state"] == JobState.SUCCEEDED, job
     with svc.client() as c:
         history = c.get(f"/jobs/{job['id']}/metrics").json()
     # Every epoch trains on the same samples, so seconds per sample stand in for seconds per epoch.
@@ -59,7 +61,7 @@ def main() -> None:
     args = ap.parse_args()
     rounds = 1 if args.quick else args.rounds
     tmp = Path(tempfile.mkdtemp(prefix="trainyard-bench-"))
-    svc = Service(tmp / "data").start_server()
+    svc = Service.isolated(tmp / "data", env=PROD_ENV).start_server()
     svc.start_worker("cpu")
     results: dict[tuple[str, str], list[float]] = {}
     walls: dict[str, list[float]] = {}

@@ -1,7 +1,7 @@
 """Shared fixtures: a fresh data dir per test, the live service, tiny job presets."""
 import pytest
 
-from app.spec import TRAIN_EXAMPLE
+from trainyard.app.spec import TRAIN_EXAMPLE
 from tests.service import Service
 
 # The README's Iris job (seed 000's MLP and loop settings), as the OpenAPI docs show it.

@@ -6,8 +6,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from app.spec import TRAIN_EXAMPLE, ModelSpec, parse_spec
-from worker import artifacts, nets
+from trainyard.app.spec import TRAIN_EXAMPLE, ModelSpec, parse_spec
+from trainyard.worker import artifacts, nets
 
 
 def _meta(spec):

@@ -10,9 +10,9 @@ import torchvision
 from sklearn.datasets import load_iris
 from sklearn.model_selection import train_test_split
 
-from app.spec import DataSpec, PredictData
-from worker import data
-from worker.context import JobError
+from trainyard.app.spec import DataSpec, PredictData
+from trainyard.worker import data
+from trainyard.worker.context import JobError
 
 
 def test_iris_split_equals_sklearn_train_test_split(tmp_path):
@@ -63,7 +63,7 @@ def test_normalize_matches_torchvision_transforms():
 
 
 def _fake_spec(**kw):
-    return DataSpec(dataset="fake", size=40, image_size=(2, 8, 8), num_classes=3, val_fraction=0.25, **kw)
+    return DataSpec(dataset="fake", size=40, image_size=[2, 8, 8], num_classes=3, val_fraction=0.25, **kw)
 
 
 def test_fake_dataset_shape_and_cache(tmp_path, monkeypatch):
@@ -165,8 +165,10 @@ def test_missing_upload_is_a_clear_job_error(tmp_path):
 
 
 def test_uploaded_pixels_are_scaled_features_are_not():
-    pixels = torch.tensor([[0, 255]], dtype=torch.uint8)
-    assert data.normalize("upload:x", pixels).tolist() == [[-1.0, 1.0]]
+    pixels = torch.tensor([0, 255], dtype=torch.uint8).reshape(1, 1, 1, 2)  # N x C x H x W images
+    assert data.normalize("upload:x", pixels).flatten().tolist() == [-1.0, 1.0]
+    # uint8 feature columns (an npz upload keeps uint8 as stored) are used as given.
+    assert data.normalize("upload:x", torch.tensor([[0, 255]], dtype=torch.uint8)).tolist() == [[0.0, 255.0]]
     assert data.normalize("upload:x", torch.tensor([[0.0, 255.0]]), pixels=True).tolist() == [[-1.0, 1.0]]
     assert data.normalize("upload:x", torch.tensor([[0.5, 7.0]])).tolist() == [[0.5, 7.0]]
 

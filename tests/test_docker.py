@@ -20,8 +20,10 @@ import httpx
 import pytest
 import yaml
 
-from app.settings import Settings
+from trainyard.app.settings import Settings
 from tests.service import FAST_ENV, ROOT, free_port
+
+pytestmark = pytest.mark.slow  # starts the real server and workers
 
 COMPOSE = ROOT / "docker-compose.yml"
 COMPOSE_CPU = ROOT / "docker-compose.cpu.yml"
@@ -119,6 +121,8 @@ def test_compose_gpu_services():
     assert worker["command"] == ["gpu-workers"]
     assert worker["depends_on"]["api"]["condition"] == "service_healthy"
     assert worker["environment"]["TRAINYARD_URL"] == "http://api:8000"
+    # The API answers the host name the workers (and the CLI in their container) call it by.
+    assert "api" in interpolate(api["environment"]["TRAINYARD_ALLOWED_HOSTS"]).split(",")
     # docker stop must give a worker more than TRAINYARD_GRACE_S to checkpoint its job and exit.
     assert seconds(worker["stop_grace_period"]) >= GRACE_S + 10
 

@@ -1,14 +1,15 @@
 """worker/infer.py: predictions on raw inputs, evaluation that agrees with training, input checks."""
 import copy
 import gzip
+import json
 
 import numpy as np
 import pytest
 import torch
 
-from app.spec import TRAIN_EXAMPLE, parse_spec
-from worker import data, infer, train
-from worker.context import JobContext, JobError
+from trainyard.app.spec import TRAIN_EXAMPLE, parse_spec
+from trainyard.worker import data, infer, train
+from trainyard.worker.context import JobContext, JobError
 
 
 def make_ctx(root, name="job"):
@@ -41,8 +42,21 @@ def predict_job(**kw):
 
 def run(job, trained):
     spec, _summary, train_ctx = trained
-    ctx = make_ctx(train_ctx.data_dir.parent, "predict")
-    return infer.predict(job, ctx, train_ctx.artifact_dir, spec)
+    return predicted(job, make_ctx(train_ctx.data_dir.parent, "predict"), train_ctx.artifact_dir, spec)
+
+
+def predicted(job, ctx, model_dir, spec=None):
+    """The whole result, as GET /jobs/{id}/result serves it: the file beside the job's run."""
+    summary = infer.predict(job, ctx, model_dir, spec)
+    result = json.loads((ctx.artifact_dir / infer.RESULT_FILE).read_text())
+    # The job's row keeps the summary: a few numbers, however many rows and classes.
+    assert len(json.dumps(summary)) < 500
+    if job.inputs is not None:
+        assert summary == {"predictions": len(job.inputs), "classes": len(result["class_names"]), "top_k": job.top_k}
+    else:
+        assert summary == {k: result[k] for k in ("samples", "accuracy", "loss", "dataset", "split")} | \
+            {"classes": len(result["class_names"])}
+    return result
 
 
 def test_predict_inputs(iris, tmp_path):
@@ -105,7 +119,7 @@ def test_widened_output_layer_gets_named_classes(tmp_path):
     ctx = make_ctx(tmp_path)
     summary = train.train(spec, ctx)
     assert summary["num_classes"] == 5
-    result = infer.predict(predict_job(data={"dataset": "iris"}), make_ctx(tmp_path, "p"), ctx.artifact_dir, spec)
+    result = predicted(predict_job(data={"dataset": "iris"}), make_ctx(tmp_path, "p"), ctx.artifact_dir, spec)
     assert result["class_names"] == ["setosa", "versicolor", "virginica", "3", "4"]
     assert np.array(result["confusion_matrix"]).shape == (5, 5)
     assert result["per_class_accuracy"]["3"] is None
@@ -127,5 +141,31 @@ def test_evaluate_helper_restores_training_mode():
 def test_training_spec_defaults_to_the_artifacts(iris):
     spec, summary, train_ctx = iris
     job = predict_job(data={"dataset": "iris"})
-    result = infer.predict(job, make_ctx(train_ctx.data_dir.parent, "predict"), train_ctx.artifact_dir)
+    result = predicted(job, make_ctx(train_ctx.data_dir.parent, "predict"), train_ctx.artifact_dir)
     assert result["accuracy"] == summary["val_accuracy"]
+
+
+def test_top_k_returns_the_k_most_likely_classes(iris):
+    rows = [[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]]
+    full = run(predict_job(inputs=rows), iris)["predictions"]
+    top = run(predict_job(inputs=rows, top_k=2), iris)["predictions"]
+    for f, t in zip(full, top):
+        assert "probabilities" not in t and len(t["top"]) == 2 and t["class"] == f["class"]
+        ranked = sorted(range(3), key=lambda i: -f["probabilities"][i])[:2]
+        assert [c["class"] for c in t["top"]] == [["setosa", "versicolor", "virginica"][i] for i in ranked]
+        assert [c["probability"] for c in t["top"]] == pytest.approx([f["probabilities"][i] for i in ranked])
+
+
+def test_inputs_that_overflow_inside_the_model_are_a_job_error(iris):
+    with pytest.raises(JobError, match="overflow"):
+        run(predict_job(inputs=[[5.1, 3.5, 1.4, 0.2], [3e38, -3e38, 3e38, 3e38]]), iris)
+
+
+def test_no_confusion_matrix_past_the_class_bound(iris, monkeypatch):
+    monkeypatch.setattr(infer, "MAX_CONFUSION_CLASSES", 2)
+    result = run(predict_job(data={"dataset": "iris", "split": "val"}), iris)
+    assert result["confusion_matrix"] is None and "no confusion matrix" in result["note"]
+    with_matrix = (monkeypatch.undo(), run(predict_job(data={"dataset": "iris", "split": "val"}), iris))[1]
+    m = np.array(with_matrix["confusion_matrix"])
+    assert result["per_class_accuracy"] == with_matrix["per_class_accuracy"]
+    assert result["per_class_accuracy"]["setosa"] == m[0, 0] / m[0].sum()

@@ -5,9 +5,9 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-from app.spec import ACTIVATIONS, TORCHVISION_ARCHS, ModelSpec
-from worker import nets
-from worker.context import JobError
+from trainyard.app.spec import ACTIVATIONS, TORCHVISION_ARCHS, ModelSpec
+from trainyard.worker import nets
+from trainyard.worker.context import JobError
 
 
 class TutorialModel(nn.Module):

@@ -3,8 +3,13 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import tiny_job
 from tests.service import ROOT
+from trainyard import Client
+
+pytestmark = pytest.mark.slow  # starts the real server and workers
 
 FAILING = {**tiny_job(), "model": {"arch": "cifar_net"}}  # iris rows are not 3x32x32 images
 
@@ -32,6 +37,17 @@ def test_events_stream_states_and_epochs_then_ends(service):
     assert [e["epoch"] for e in epochs] == [1, 2, 3, 4] and all("train_loss" in e for e in epochs)
     with service.client() as c:
         assert c.get("/jobs/999/events").status_code == 404
+
+
+def test_a_reconnecting_client_resumes_after_the_last_event_id(service):
+    service.start_worker("cpu")
+    job = service.wait_state(service.submit(tiny_job(epochs=4))["id"])
+    with Client(service.url) as client:
+        full = list(client.events(job["id"]))
+        assert [e["id"] for e in full if e["event"] == "epoch"] == ["1.1", "1.2", "1.3", "1.4"]
+        later = list(client.events(job["id"], last_event_id="1.2"))
+    assert [e["data"]["epoch"] for e in later if e["event"] == "epoch"] == [3, 4]
+    assert [e["event"] for e in later] == ["state", "epoch", "epoch", "end"]
 
 
 def test_logs_hold_training_output_and_the_traceback(service):
@@ -78,7 +94,7 @@ def test_cli_follow_and_watch(service, tmp_path):
     service.start_worker("cpu")
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env={**service.env, "COLUMNS": "160"},
+        return subprocess.run([sys.executable, "-m", "trainyard", *args], cwd=ROOT, env={**service.env, "COLUMNS": "160"},
                               capture_output=True, text=True, timeout=120)
 
     good = tmp_path / "good.json"

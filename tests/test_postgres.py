@@ -8,7 +8,7 @@ from tests.conftest import slow_job, tiny_job
 from tests.service import Service
 
 ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 
 @pytest.fixture

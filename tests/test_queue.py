@@ -6,9 +6,9 @@ import time
 import psycopg
 import pytest
 
-from app import queue
-from app.db import create_all, make_engine
-from app.spec import parse_spec
+from trainyard.app import errors, queue
+from trainyard.app.db import create_all, make_engine
+from trainyard.app.spec import parse_spec
 from tests.conftest import IRIS_JOB, tiny_job
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -45,39 +45,39 @@ def test_claim_order_priority_then_oldest(engine):
     a = submit(engine)
     b = submit(engine, priority=5)
     c = submit(engine)
-    order = [queue.claim(engine, "w", "cpu", 10)["id"] for _ in range(3)]
-    assert order == [b["id"], a["id"], c["id"]]
+    order = [queue.claim(engine, "w", "cpu", 10).id for _ in range(3)]
+    assert order == [b.id, a.id, c.id]
     assert queue.claim(engine, "w", "cpu", 10) is None
 
 
 def test_claim_respects_device(engine):
     gpu_only = submit(engine, device="cuda:1")
     anywhere = submit(engine, device="auto")
-    assert queue.claim(engine, "w", "cpu", 10)["id"] == anywhere["id"]
+    assert queue.claim(engine, "w", "cpu", 10).id == anywhere.id
     assert queue.claim(engine, "w", "cpu", 10) is None
     assert queue.claim(engine, "w", "cuda:0", 10) is None
     got = queue.claim(engine, "w", "cuda:1", 10)
-    assert got["id"] == gpu_only["id"] and got["device"] == "cuda:1"
+    assert got.id == gpu_only.id and got.device == "cuda:1"
 
 
 def test_fenced_writes_of_a_stale_claim_change_nothing(engine):
     job = submit(engine)
     first = queue.claim(engine, "w1", "cpu", 0.01)
     time.sleep(0.05)
-    assert queue.requeue_expired(engine) == [(job["id"], "queued")]
+    assert queue.requeue_expired(engine) == [(job.id, "queued")]
     second = queue.claim(engine, "w2", "cpu", 10)
-    assert second["claim"] == first["claim"] + 1 and second["attempt"] == 2
+    assert second.claim == first.claim + 1 and second.attempt == 2
     # The first worker wakes up and tries to report: every write is refused.
-    assert not queue.renew(engine, job["id"], first["claim"], 10)
-    assert not queue.record_epoch(engine, job["id"], first["claim"], 1, {"train_loss": 9.0})
-    assert not queue.record_checkpoint(engine, job["id"], first["claim"], 1, "x")
-    assert not queue.succeed(engine, job["id"], first["claim"], {"val_accuracy": 0.0}, "bogus")
-    assert queue.fail(engine, job["id"], first["claim"], {"class": "job", "type": "E", "message": "m"}) is None
-    assert queue.record_epoch(engine, job["id"], second["claim"], 1, {"train_loss": 1.0})
-    assert queue.succeed(engine, job["id"], second["claim"], {"val_accuracy": 1.0}, "art")
-    final = queue.get_job(engine, job["id"])
-    assert final["state"] == "succeeded" and final["artifact_path"] == "art"
-    assert queue.get_metrics(engine, job["id"]) == [{"epoch": 1, "attempt": 2, "train_loss": 1.0}]
+    assert not queue.renew(engine, job.id, first.claim, 10)
+    assert not queue.record_epoch(engine, job.id, first.claim, 1, {"train_loss": 9.0})
+    assert not queue.record_checkpoint(engine, job.id, first.claim, 1, "x")
+    assert not queue.succeed(engine, job.id, first.claim, {"val_accuracy": 0.0}, "bogus")
+    assert queue.fail(engine, job.id, first.claim, {"class": "job", "type": "E", "message": "m"}) is None
+    assert queue.record_epoch(engine, job.id, second.claim, 1, {"train_loss": 1.0})
+    assert queue.succeed(engine, job.id, second.claim, {"val_accuracy": 1.0}, "art")
+    final = queue.get_job(engine, job.id)
+    assert final.state == "succeeded" and final.artifact_path == "art"
+    assert queue.get_metrics(engine, job.id) == [{"epoch": 1, "attempt": 2, "train_loss": 1.0}]
 
 
 def test_expired_lease_fails_after_max_attempts(engine):
@@ -85,59 +85,59 @@ def test_expired_lease_fails_after_max_attempts(engine):
     for expected in ("queued", "failed"):
         queue.claim(engine, "w", "cpu", 0.01)
         time.sleep(0.05)
-        assert queue.requeue_expired(engine) == [(job["id"], expected)]
-    final = queue.get_job(engine, job["id"])
-    assert final["error"]["class"] == "infrastructure" and "gave up after 2 attempts" in final["error"]["message"]
-    assert [e["attempt"] for e in final["errors"]] == [1, 2]
+        assert queue.requeue_expired(engine) == [(job.id, expected)]
+    final = queue.get_job(engine, job.id)
+    assert final.error["class"] == "infrastructure" and "gave up after 2 attempts" in final.error["message"]
+    assert [e["attempt"] for e in final.errors] == [1, 2]
 
 
 def test_job_errors_are_not_retried_but_infrastructure_errors_are(engine):
     a, b = submit(engine), submit(engine)
     ca = queue.claim(engine, "w", "cpu", 10)
-    assert queue.fail(engine, a["id"], ca["claim"], {"class": "job", "type": "ValueError", "message": "bad"}) == "failed"
+    assert queue.fail(engine, a.id, ca.claim, {"class": "job", "type": "ValueError", "message": "bad"}) == "failed"
     cb = queue.claim(engine, "w", "cpu", 10)
-    assert queue.fail(engine, b["id"], cb["claim"], {"class": "infrastructure", "type": "X", "message": "m"}) == "queued"
+    assert queue.fail(engine, b.id, cb.claim, {"class": "infrastructure", "type": "X", "message": "m"}) == "queued"
 
 
 def test_preempted_job_keeps_its_attempt_count(engine):
     job = submit(engine)
     c = queue.claim(engine, "w", "cpu", 10)
-    assert c["attempt"] == 1
-    assert queue.requeue_preempted(engine, job["id"], c["claim"])
-    back = queue.get_job(engine, job["id"])
-    assert back["state"] == "queued" and back["attempt"] == 0
+    assert c.attempt == 1
+    assert queue.requeue_preempted(engine, job.id, c.claim)
+    back = queue.get_job(engine, job.id)
+    assert back.state == "queued" and back.attempt == 0
 
 
 def test_resume_drops_metrics_after_the_checkpoint(engine):
     job = submit(engine)
     c = queue.claim(engine, "w", "cpu", 10)
     for epoch in (1, 2, 3):
-        queue.record_epoch(engine, job["id"], c["claim"], epoch, {"train_loss": float(epoch)})
-    queue.record_checkpoint(engine, job["id"], c["claim"], 2, "checkpoints/1/run-1.pt")
-    queue.fail(engine, job["id"], c["claim"], {"class": "infrastructure", "type": "X", "message": "m"})
+        queue.record_epoch(engine, job.id, c.claim, epoch, {"train_loss": float(epoch)})
+    queue.record_checkpoint(engine, job.id, c.claim, 2, "checkpoints/1/run-1.pt")
+    queue.fail(engine, job.id, c.claim, {"class": "infrastructure", "type": "X", "message": "m"})
     again = queue.claim(engine, "w2", "cpu", 10)
-    assert again["checkpoint_path"] == "checkpoints/1/run-1.pt" and again["epoch"] == 2
-    assert [m["epoch"] for m in queue.get_metrics(engine, job["id"])] == [1, 2]
+    assert again.checkpoint_path == "checkpoints/1/run-1.pt" and again.epoch == 2
+    assert [m["epoch"] for m in queue.get_metrics(engine, job.id)] == [1, 2]
 
 
 def test_cancel_and_retry(engine):
     job = submit(engine)
-    assert queue.cancel(engine, job["id"])["state"] == "cancelled"
-    with pytest.raises(queue.Conflict):
-        queue.cancel(engine, job["id"])
-    again = queue.retry(engine, job["id"])
-    assert again["state"] == "queued" and again["errors"][0]["class"] == "cancelled"
-    with pytest.raises(queue.Conflict):
-        queue.retry(engine, job["id"])
-    with pytest.raises(queue.NotFound):
+    assert queue.cancel(engine, job.id).state == "cancelled"
+    with pytest.raises(errors.Conflict):
+        queue.cancel(engine, job.id)
+    again = queue.retry(engine, job.id)
+    assert again.state == "queued" and again.errors[0]["class"] == "cancelled"
+    with pytest.raises(errors.Conflict):
+        queue.retry(engine, job.id)
+    with pytest.raises(errors.NotFound):
         queue.cancel(engine, 999)
 
 
 def test_idempotency_key(engine):
     a, created_a = queue.enqueue(engine, parse_spec(IRIS_JOB), "key-1")
     b, created_b = queue.enqueue(engine, parse_spec(IRIS_JOB), "key-1")
-    assert created_a and not created_b and a["id"] == b["id"]
-    with pytest.raises(queue.Conflict):
+    assert created_a and not created_b and a.id == b.id
+    with pytest.raises(errors.Conflict):
         queue.enqueue(engine, parse_spec({**IRIS_JOB, "name": "other"}), "key-1")
     assert queue.list_jobs(engine)[1] == 1
 
@@ -146,16 +146,16 @@ def test_concurrent_claims_never_share_a_job(engine_url):
     """Four workers, each with its own engine (as separate processes would have), drain 60 jobs."""
     setup = make_engine(engine_url)
     create_all(setup)
-    ids = {submit(setup)["id"] for _ in range(60)}
+    ids = {submit(setup).id for _ in range(60)}
     claimed: list[int] = []
     lock = threading.Lock()
 
     def drain(name):
         e = make_engine(engine_url)
         while (job := queue.claim(e, name, "cpu", 10)) is not None:
-            assert queue.succeed(e, job["id"], job["claim"], {}, None)
+            assert queue.succeed(e, job.id, job.claim, {}, None)
             with lock:
-                claimed.append(job["id"])
+                claimed.append(job.id)
         e.dispose()
 
     threads = [threading.Thread(target=drain, args=(f"w{i}",)) for i in range(4)]
@@ -165,5 +165,5 @@ def test_concurrent_claims_never_share_a_job(engine_url):
         t.join()
     assert sorted(claimed) == sorted(ids)
     rows, _ = queue.list_jobs(setup, limit=500)
-    assert all(r["state"] == "succeeded" and r["claim"] == 1 for r in rows)
+    assert all(r.state == "succeeded" and r.claim == 1 for r in rows)
     setup.dispose()

@@ -5,6 +5,9 @@ import subprocess
 import sys
 
 from tests.service import ROOT
+import pytest
+
+pytestmark = pytest.mark.slow  # starts the real server and workers
 
 
 def walkthrough_blocks() -> list[tuple[str, str]]:
@@ -18,8 +21,8 @@ def test_readme_walkthrough(service, tmp_path):
     host = service.url.removeprefix("http://")
     outputs = []
     for lang, code in walkthrough_blocks():
+        code = code.replace("localhost:8000", host)
         if lang == "sh":
-            code = code.replace("localhost:8000", host)
             if "/result" in code:  # "a moment later"
                 for job_id in (2, 3):
                     assert service.wait_state(job_id)["state"] == "succeeded"
@@ -34,9 +37,12 @@ def test_readme_walkthrough(service, tmp_path):
             submitted = json.loads(r.stdout)
             assert submitted["id"] == 1 and submitted["state"] == "queued"
             assert service.wait_state(1)["state"] == "succeeded"
-    assert len(outputs) == 6
+    assert len(outputs) == 7
     status, _ = json.JSONDecoder().raw_decode(outputs[1])  # curl prints the documents back to back
     assert status["progress"] == {"epoch": 100, "epochs": 100} and status["result"]["val_accuracy"] >= 0.9
     assert (tmp_path / "iris.safetensors").stat().st_size > 0 and (tmp_path / "iris.pt").stat().st_size > 0
-    assert '"class":"setosa"' in outputs[-1].replace(" ", "")
-    assert '"accuracy"' in outputs[-1] and '"confusion_matrix"' in outputs[-1]
+    assert '"class":"setosa"' in outputs[5].replace(" ", "")
+    assert '"accuracy"' in outputs[5] and '"confusion_matrix"' in outputs[5]
+    # The Python client: the same service, the same model.
+    assert outputs[6].strip() == "virginica"
+    assert (tmp_path / "iris-again.safetensors").read_bytes() == (tmp_path / "iris.safetensors").read_bytes()

@@ -10,6 +10,8 @@ import pytest
 
 from tests.conftest import slow_job, tiny_job
 
+pytestmark = pytest.mark.slow  # starts the real server and workers
+
 
 def job_pids(service, job_id) -> list[int]:
     with service.client() as c:

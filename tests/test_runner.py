@@ -2,18 +2,27 @@
 import pytest
 import torch
 
+from trainyard.app.records import Job
+from trainyard.app.states import JobState
 from tests.conftest import tiny_job
-from worker import runner, train
-from worker.context import JobError, Preempted
+from trainyard.worker import runner, train
+from trainyard.worker.context import JobError, Preempted
+from trainyard.worker.plan import JobPlan
 
 
-def run_job(tmp_path, spec=None):
+def job_record(spec: dict, job_id: int = 1) -> Job:
+    blank = {name: None for name in Job.__dataclass_fields__}
+    return Job(**{**blank, "id": job_id, "kind": spec["kind"], "state": JobState.RUNNING, "spec": spec,
+                  "attempt": 1, "claim": 1, "errors": []})
+
+
+def run_job(tmp_path, spec=None, **plan):
     events = []
-    job = {"id": 1, "spec": spec or tiny_job()}
-    paths = {"artifact_dir": str(tmp_path / "art"), "checkpoint_path": str(tmp_path / "ck" / "run-1.pt")}
     (tmp_path / "art").mkdir(exist_ok=True)
     (tmp_path / "ck").mkdir(exist_ok=True)
-    runner.execute(job, "cpu", str(tmp_path), paths, events.append)
+    runner.execute(JobPlan(job=job_record(spec or tiny_job()), device="cpu", data_dir=tmp_path,
+                           run_dir=tmp_path / "art", checkpoint_stem=tmp_path / "ck" / "run-1.pt", **plan),
+                   events.append)
     final = [e for e in events if e["type"] in ("done", "error", "preempted")]
     assert len(final) == 1, events
     return final[0], events
@@ -28,6 +37,9 @@ def test_success_reports_epochs_then_done(tmp_path):
 
 @pytest.mark.parametrize("exc,cls", [
     (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "oom"),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                  "you tried to allocate 17179869184 bytes. Error code 12 (Cannot allocate memory)"), "oom"),
+    (MemoryError(), "oom"),
     (JobError("cifar_net needs 32x32 images"), "job"),
     (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), "job"),
 ])
@@ -35,11 +47,13 @@ def test_failures_are_classified(tmp_path, monkeypatch, exc, cls):
     def boom(spec, ctx):
         raise exc
     monkeypatch.setattr(train, "train", boom)
-    final, _ = run_job(tmp_path)
+    final, _ = run_job(tmp_path, memory_budget=3 << 30)
     assert final["type"] == "error" and final["error"]["class"] == cls
     assert final["error"]["type"] == type(exc).__name__ and final["error"]["traceback"]
-    if cls == "oom":
+    if isinstance(exc, torch.OutOfMemoryError):
         assert "batch_size 32" in final["error"]["message"] and "smaller batch_size" in final["error"]["message"]
+    elif cls == "oom":
+        assert "budget is 3.00 GiB" in final["error"]["message"]
 
 
 def test_preempted(tmp_path, monkeypatch):
@@ -55,10 +69,11 @@ def test_a_spec_the_worker_cannot_parse_is_the_jobs_error(tmp_path):
     assert "no-such-net" in final["error"]["message"]
 
 
-def test_worker_device_flag_is_validated():
-    from worker.main import resolve_device
-    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:3") == "cuda:3"
-    assert resolve_device("auto") == "cpu"  # no NVIDIA driver on this machine
+def test_worker_device_flag_is_validated(tmp_path):
+    from trainyard.app.settings import Settings
+    from trainyard.worker.main import Worker, main
+    settings = Settings(data_dir=tmp_path)
+    assert Worker(settings, "cpu").device == "cpu" and Worker(settings, "cuda:3").device == "cuda:3"
     for bad in ("tpu:0", "cuda:", "gpu", ""):
-        with pytest.raises(SystemExit, match="--device must be"):
-            resolve_device(bad)
+        with pytest.raises(SystemExit, match="--device"):
+            main(settings, bad)

@@ -9,10 +9,12 @@ import pytest
 import safetensors.torch
 import torch
 
-from app.spec import parse_spec
+from trainyard.app.spec import parse_spec
 from tests.conftest import IRIS_JOB, tiny_job
 from tests.service import ROOT, Service
-from worker import nets
+from trainyard.worker import nets
+
+pytestmark = pytest.mark.slow  # starts the real server and workers
 
 
 def test_iris_train_predict_and_artifact(service, tmp_path):
@@ -127,7 +129,7 @@ def test_cli_submit_wait_status_download(service, tmp_path):
     env = {**service.env}
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "trainyard", *args], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=120)
 
     r = cli("submit", str(spec), "--wait", "--json")
@@ -149,7 +151,7 @@ def test_cli_submit_wait_status_download(service, tmp_path):
 
 def test_up_runs_server_and_worker_and_stops_on_ctrl_c(tmp_path):
     svc = Service(tmp_path / "data")
-    up = subprocess.Popen([sys.executable, "-m", "app.cli", "up", "--port", str(svc.port)], cwd=ROOT, env=svc.env,
+    up = subprocess.Popen([sys.executable, "-m", "trainyard", "up", "--port", str(svc.port)], cwd=ROOT, env=svc.env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         svc.wait_until(lambda: _workers(svc) == 1, 120, "trainyard up: server and one worker")

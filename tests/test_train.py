@@ -7,9 +7,9 @@ import pytest
 import safetensors.torch
 import torch
 
-from app.spec import TRAIN_EXAMPLE, TrainParams, parse_spec
-from worker import data, devices, train
-from worker.context import JobContext, JobError, Preempted
+from trainyard.app.spec import TRAIN_EXAMPLE, TrainParams, parse_spec
+from trainyard.worker import data, torch_devices, train
+from trainyard.worker.context import JobContext, JobError, Preempted
 
 # Seed 000's printed losses (epochs 1, 11, ..., 91). The tutorial's iris.csv is the UCI copy, which
 # differs from sklearn's (shipped here) in two samples; with those two restored, our job follows it.
@@ -207,18 +207,18 @@ def test_compile_for_real(tmp_path):
 
 
 def test_format_oom_names_device_batch_memory_and_hints():
-    message = devices.format_oom("cuda:1 (NVIDIA A100)", 512, 30 * 2**30, 38 * 2**30, 40 * 2**30)
+    message = torch_devices.format_oom("cuda:1 (NVIDIA A100)", 512, 30 * 2**30, 38 * 2**30, 40 * 2**30)
     assert "cuda:1 (NVIDIA A100)" in message and "batch_size 512" in message
     assert "30.00 GiB allocated" in message and "38.00 GiB reserved" in message and "40.00 GiB total" in message
     assert "batch_size (e.g. 256)" in message and "bf16" in message and "fp16" in message
 
 
 def test_devices_on_cpu():
-    assert devices.resolve("cpu") == torch.device("cpu")
+    assert torch_devices.resolve("cpu") == torch.device("cpu")
     with pytest.raises(JobError, match="cuda:42"):
-        devices.resolve("cuda:42")
-    assert devices.memory_stats(torch.device("cpu")) is None
-    applied = devices.configure(torch.device("cpu"), TrainParams(precision="bf16"))
+        torch_devices.resolve("cuda:42")
+    assert torch_devices.memory_stats(torch.device("cpu")) is None
+    applied = torch_devices.configure(torch.device("cpu"), TrainParams(precision="bf16"))
     assert applied == {"notes": [], "tf32": "n/a (cpu)", "cudnn_benchmark": "n/a (cpu)", "precision": "bf16"}
 
 
@@ -227,7 +227,7 @@ def test_devices_on_cpu():
 def test_cuda_job_reports_memory(tmp_path):
     events = []
     ctx = make_ctx(tmp_path, events)
-    ctx.device = devices.resolve("cuda:0")
+    ctx.device = torch_devices.resolve("cuda:0")
     summary = train.train(job(epochs=5, precision="fp16"), ctx)
     assert summary["peak_memory_allocated"] > 0 and summary["applied"]["tf32"] == "on"
     assert "memory_allocated" in of_type(events, "epoch")[0]

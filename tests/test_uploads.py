@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app import uploads
+from trainyard.app import errors, uploads
 from tests.conftest import IRIS_JOB
 from tests.service import ROOT, Service
+
+pytestmark = pytest.mark.slow  # starts the real server and workers
 
 MAX_BYTES, MAX_FILES = 256 << 10, 100  # small limits so that the limit cases stay small and fast
 
@@ -146,10 +148,10 @@ def test_list_get_and_delete(live):
         assert c.delete(f"/datasets/{meta['id']}").status_code == 404
         assert meta["id"] not in {d["id"] for d in c.get("/datasets").json()["data"]}
         assert c.get("/datasets/NOT-AN-ID").status_code == 422
-    # A job naming a deleted upload fails, saying so.
-    job = live.wait_state(live.submit({**IRIS_JOB, "data": {"dataset": meta["dataset"]}})["id"])
-    assert job["state"] == "failed" and job["error"]["class"] == "job"
-    assert "not found" in job["error"]["message"] and "deleted" in job["error"]["message"]
+        # A job naming a deleted upload is refused at submit (a job queued before the delete fails on its
+        # worker saying so: test_data.py::test_missing_upload_is_a_clear_job_error).
+        r = c.post("/jobs", json={**IRIS_JOB, "data": {"dataset": meta["dataset"]}})
+        assert r.status_code == 422 and "does not exist" in r.text and r.json()["detail"][0]["loc"][-1] == "dataset"
 
 
 # --- uploads that are refused -------------------------------------------------------------------------
@@ -230,21 +232,19 @@ def test_bodies_far_over_the_limit_and_missing_files(live):
 
 # --- the parsers on their own (limits too big for an upload in a test) --------------------------------
 
-def test_zip_bomb_is_refused_before_inflating(tmp_path, monkeypatch):
-    monkeypatch.setattr(uploads, "MAX_UNCOMPRESSED_BYTES", 1 << 20)
+def test_zip_bomb_is_refused_before_inflating(tmp_path):
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("a/zeros.png", b"\0" * (2 << 20))
     assert len(buf.getvalue()) < 10_000
-    with pytest.raises(uploads.UploadError, match="inflates to 2.0 MiB; the limit is 1.0 MiB") as e:
-        uploads.store(buf, "bomb.zip", tmp_path)
+    with pytest.raises(errors.TooLarge, match="inflates to 2.0 MiB; the limit is 1.0 MiB") as e:
+        uploads.store(buf, "bomb.zip", tmp_path, limits=uploads.Limits(max_decoded_bytes=1 << 20))
     assert e.value.status == 413
 
 
-def test_images_over_the_pixel_limit_are_refused_from_their_header(tmp_path, monkeypatch):
-    monkeypatch.setattr(uploads, "MAX_IMAGE_PIXELS", 63)
-    with pytest.raises(uploads.UploadError, match="'shapes/bright/00.png' is 8x8 pixels") as e:
-        uploads.store(io.BytesIO(zipped(image_folder())), "a.zip", tmp_path)
+def test_images_over_the_pixel_limit_are_refused_from_their_header(tmp_path):
+    with pytest.raises(errors.TooLarge, match="'shapes/bright/00.png' is 8x8 pixels") as e:
+        uploads.store(io.BytesIO(zipped(image_folder())), "a.zip", tmp_path, limits=uploads.Limits(max_image_pixels=63))
     assert e.value.status == 413
 
 

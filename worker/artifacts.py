@@ -15,13 +15,12 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from app.spec import TrainJob
-from worker import nets
+from trainyard.app.layout import ARTIFACT_FILES
+from trainyard.app.spec import ModelSpec
+from trainyard.worker import nets
 
 ARTIFACT_FORMAT = 1
-SAFETENSORS_FILE = "model.safetensors"
-TORCH_FILE = "model.pt"
-META_FILE = "meta.json"
+SAFETENSORS_FILE, TORCH_FILE, META_FILE = (ARTIFACT_FILES[k] for k in ("safetensors", "pt", "meta"))
 
 
 def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -47,6 +46,14 @@ def atomic_torch_save(path: Path, obj: Any) -> None:
     _atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
+def save_json(path: Path, obj: Any) -> None:
+    """Atomically write obj as compact JSON, streamed to the file (a result can be tens of MB)."""
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, separators=(",", ":"), allow_nan=False)
+    _atomic_write(path, write)
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The module under torch.compile's wrapper, so state_dict keys carry no _orig_mod. prefix."""
     return getattr(model, "_orig_mod", model)
@@ -58,10 +65,12 @@ def cpu_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().contiguous().clone() for k, v in unwrap(model).state_dict().items()}
 
 
-def save_artifact(dir: Path, model: nn.Module, meta: dict[str, Any]) -> None:
-    """Write model.safetensors, model.pt and meta.json into dir, each atomically."""
+def save_artifact(dir: Path, model: nn.Module | dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    """Write model.safetensors, model.pt and meta.json into dir, each atomically. meta holds what
+    rebuilds the model: `model` (arch and its fields), input_shape, num_classes, class_names."""
     dir.mkdir(parents=True, exist_ok=True)
-    state = cpu_state_dict(model)
+    state = cpu_state_dict(model) if isinstance(model, nn.Module) else \
+        {k: v.detach().cpu().contiguous().clone() for k, v in model.items()}
     meta = {**meta, "format": ARTIFACT_FORMAT}
     _atomic_write(dir / SAFETENSORS_FILE, lambda tmp: safetensors.torch.save_file(state, str(tmp)))
     _atomic_write(dir / TORCH_FILE, lambda tmp: torch.save(state, tmp))
@@ -79,8 +88,9 @@ def read_meta(dir: Path) -> dict[str, Any]:
 def load_model(dir: Path, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
     """Rebuild the model from meta.json and load its safetensors weights onto device, in eval mode."""
     meta = read_meta(dir)
-    spec = TrainJob.model_validate(meta["spec"])
-    model = nets.build_model(spec.model, tuple(meta["input_shape"]), meta["num_classes"])
+    # Artifacts of train jobs before meta carried `model` hold it inside the job's spec.
+    model_spec = ModelSpec.model_validate(meta["model"] if "model" in meta else meta["spec"]["model"])
+    model = nets.build_model(model_spec, tuple(meta["input_shape"]), meta["num_classes"])
     state = safetensors.torch.load_file(str(dir / SAFETENSORS_FILE), device="cpu")
     model.load_state_dict(state)
     return model.to(device).eval(), meta

@@ -3,7 +3,7 @@
 The training and inference code only sees this object, never the database or the supervisor,
 so it can be run and tested in-process on the CPU.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,7 +32,6 @@ class JobContext:
     emit: Callable[[dict[str, Any]], None] = lambda event: None
     # True once the worker is shutting down: checkpoint at the next step boundary, then raise Preempted.
     stop_requested: Callable[[], bool] = lambda: False
-    notes: list[str] = field(default_factory=list)
 
     def checkpoint_file(self, epoch: int, step: int) -> Path:
         """Each checkpoint gets a file of its own, never overwritten: a stale copy of the job (one

@@ -5,32 +5,28 @@ normalised by normalize(), which inference reuses on raw user inputs. The traini
 batches straight from these tensors, so they are kept contiguous and, when a device is given,
 moved there once.
 """
-import fcntl
 import gzip
+import json
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from app.spec import UPLOAD_PREFIX, DataSpec, PredictData
-from worker import devices
-from worker.artifacts import atomic_torch_save
-from worker.context import JobError
+from trainyard.app import plugins
+from trainyard.app.errors import NotFound
+from trainyard.app.layout import UPLOAD_DATA_FILE, UPLOAD_META_FILE, Layout, locked
+from trainyard.app.spec import DATASET_INFO, UPLOAD_PREFIX, DataSpec, PredictData
+from trainyard.worker import torch_devices
+from trainyard.worker.context import JobError
+from trainyard.worker.dataset_cache import cache_read, cache_write
 
 SHIPPED = Path(__file__).parent / "datasets"
-
-# (mean, std) applied to pixels scaled to 0..1, as transforms.Normalize does (the same for every channel).
-_PIXEL_NORMS = {
-    "mnist": (0.1307, 0.3081),
-    "fashion_mnist": (0.2860, 0.3530),
-    "cifar10": (0.5, 0.5),  # seed 002's transform: Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-    "fake": (0.5, 0.5),
-}
+# Uploaded images are scaled like FakeData and CIFAR-10: to 0..1, then (x - 0.5) / 0.5.
+UPLOAD_PIXEL_NORM = (0.5, 0.5)
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
                          "Sneaker", "Bag", "Ankle boot"]
@@ -56,24 +52,32 @@ class _Raw:
     # Datasets with an official test split store train then test; this is the train count.
     # None: split by val_fraction / split_seed.
     official_train: int | None = None
+    # uint8 images (raw inputs at inference are 0..255 too); an upload may hold uint8 features instead.
+    pixels: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.pixels is None:
+            self.pixels = self.x.dtype == torch.uint8
 
 
-def normalize(dataset: str, x: Tensor, pixels: bool | None = None) -> Tensor:
+def normalize(dataset: str | None, x: Tensor, pixels: bool | None = None) -> Tensor:
     """Raw values in the dataset's original scale -> the float32 model inputs training used.
 
-    iris: unchanged (the tutorial trains on raw features); digits: 0..16 -> 0..1;
-    torchvision datasets and fake: 0..255 -> /255, then (x - mean) / std.
+    iris: unchanged (raw features, in cm); digits: 0..16 -> 0..1; torchvision datasets and fake:
+    0..255 -> /255, then (x - mean) / std with the dataset's pixel_norm (app/spec.py DATASET_INFO).
+    Uploads and dataset plugins: images like fake, features as given; `pixels` says which
+    (inference passes the artifact's, since JSON rows arrive as floats).
     """
-    if dataset.startswith(UPLOAD_PREFIX):
-        # Uploaded images are uint8 pixels, scaled like fake/cifar10; features are used as given.
-        # Inference passes `pixels` from the artifact, since JSON rows arrive as floats.
-        pixels = x.dtype == torch.uint8 if pixels is None else pixels
-        return (x.float() / 255.0 - 0.5) / 0.5 if pixels else x.float()
+    info = DATASET_INFO.get(dataset)
+    if info is None:  # an upload, a dataset plugin's, or unnamed (a run job's model)
+        norm = UPLOAD_PIXEL_NORM if (x.dtype == torch.uint8 and x.ndim == 4 if pixels is None else pixels) else None
+    else:
+        norm = info.get("pixel_norm")
     x = x.float()
     if dataset == "digits":
         return x / 16.0
-    if dataset in _PIXEL_NORMS:
-        mean, std = _PIXEL_NORMS[dataset]
+    if norm is not None:
+        mean, std = norm
         return (x / 255.0 - mean) / std
     return x
 
@@ -99,21 +103,23 @@ def load(spec: DataSpec, data_dir: Path, device: torch.device | None = None) -> 
     place = _placement(raw, device)
     x_train, y_train = _take(spec.dataset, raw, train_idx, place)
     x_val, y_val = _take(spec.dataset, raw, val_idx, place)
-    return TensorData(x_train, y_train, x_val, y_val, tuple(raw.x.shape[1:]), raw.class_names,
-                      pixels=raw.x.dtype == torch.uint8)
+    return TensorData(x_train, y_train, x_val, y_val, tuple(raw.x.shape[1:]), raw.class_names, pixels=raw.pixels)
 
 
-def split_for_predict(data: PredictData, train_data_spec: DataSpec, data_dir: Path,
+def split_for_predict(data: PredictData, train_data_spec: DataSpec | None, data_dir: Path,
                       device: torch.device | None = None) -> tuple[Tensor, Tensor, list[str]]:
     """(x, y, class_names) of one split; val_fraction/split_seed default to the training job's,
-    so {"split": "val"} is exactly the validation split that training reported on."""
+    so {"split": "val"} is exactly the validation split that training reported on (a run job's
+    model has no training data spec: the defaults apply)."""
     update = {"dataset": data.dataset}
-    if data.val_fraction is not None:
-        update["val_fraction"] = data.val_fraction
-    if data.split_seed is not None:
-        update["split_seed"] = data.split_seed
-    # model_copy keeps the training job's fake-data shape when the dataset is the same.
-    spec = train_data_spec.model_copy(update=update)
+    for field in ("val_fraction", "split_seed", "params"):
+        if getattr(data, field) is not None:
+            update[field] = getattr(data, field)
+    # model_copy keeps the training job's fake-data shape and plugin params when the dataset is the same.
+    base = train_data_spec if train_data_spec is not None else DataSpec(dataset=data.dataset)
+    if base.dataset != data.dataset and data.params is None:
+        update["params"] = None  # another plugin's parameters are not this dataset's
+    spec = base.model_copy(update=update)
     raw = _load_raw(spec, data_dir)
     train_idx, val_idx = _split(raw, spec.val_fraction, spec.split_seed)
     idx = {"train": train_idx, "val": val_idx, "all": np.arange(len(raw.y))}[data.split]
@@ -132,13 +138,13 @@ def _placement(raw: _Raw, device: torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cpu")
     nbytes = raw.x.numel() * 4 + raw.y.numel() * 8  # as float32 / int64
-    return device if devices.fits_on_device(nbytes, device) else torch.device("cpu")
+    return device if torch_devices.fits_on_device(nbytes, device) else torch.device("cpu")
 
 
 def _take(dataset: str, raw: _Raw, idx: np.ndarray, device: torch.device) -> tuple[Tensor, Tensor]:
     idx_t = torch.from_numpy(np.ascontiguousarray(idx, dtype=np.int64))
     # Move the compact raw values, then normalise on the device (uint8 is 4x smaller than float32).
-    x = normalize(dataset, raw.x[idx_t].to(device)).contiguous()
+    x = normalize(dataset, raw.x[idx_t].to(device), raw.pixels).contiguous()
     return x, raw.y[idx_t].to(device).contiguous()
 
 
@@ -147,8 +153,8 @@ def _take(dataset: str, raw: _Raw, idx: np.ndarray, device: torch.device) -> tup
 def _load_raw(spec: DataSpec, data_dir: Path) -> _Raw:
     if spec.dataset.startswith(UPLOAD_PREFIX):
         return _upload(spec.dataset[len(UPLOAD_PREFIX):], data_dir)
-    if spec.dataset in _TORCHVISION:
-        return _torchvision(spec.dataset, data_dir)
+    if spec.dataset not in _LOADERS:
+        return _plugin(spec, data_dir)
     return _LOADERS[spec.dataset](spec, data_dir)
 
 
@@ -173,10 +179,11 @@ def _digits(spec: DataSpec, data_dir: Path) -> _Raw:
 def _fake(spec: DataSpec, data_dir: Path) -> _Raw:
     """torchvision FakeData decoded to uint8; split_seed picks which images (disjoint per seed)."""
     c, h, w = spec.image_size
-    cache = _cache_dir(data_dir) / f"fake-{spec.size}-{c}x{h}x{w}-{spec.num_classes}-{spec.split_seed}.pt"
-    if cache.exists():
-        stored = torch.load(cache, map_location="cpu", weights_only=True)
-        return _Raw(stored["x"], stored["y"], [str(i) for i in range(spec.num_classes)])
+    cache = Layout(data_dir).dataset_cache() / f"fake-{spec.size}-{c}x{h}x{w}-{spec.num_classes}-{spec.split_seed}.pt"
+    names = [str(i) for i in range(spec.num_classes)]
+    stored = cache_read(cache)
+    if stored is not None:
+        return _Raw(stored["x"], stored["y"], names)
     import torchvision
     from torchvision.transforms import PILToTensor
 
@@ -191,40 +198,36 @@ def _fake(spec: DataSpec, data_dir: Path) -> _Raw:
             img, label = ds[i]
             x[i] = img.reshape(c, h, w)
             y[i] = label
-    atomic_torch_save(cache, {"x": x, "y": y})
-    return _Raw(x, y, [str(i) for i in range(spec.num_classes)])
+    cache_write(cache, {"x": x, "y": y})
+    return _Raw(x, y, names)
 
 
-# torchvision class, class names. Official train split -> train, official test split -> val.
-_TORCHVISION: dict[str, tuple[str, list[str]]] = {
-    "mnist": ("MNIST", [str(i) for i in range(10)]),
-    "fashion_mnist": ("FashionMNIST", FASHION_MNIST_CLASSES),
-    "cifar10": ("CIFAR10", CIFAR10_CLASSES),
-}
+def _torchvision(class_name: str, class_names: list[str]) -> Callable[[DataSpec, Path], _Raw]:
+    """A loader for mnist, fashion_mnist or cifar10: the official train split trains, the official test
+    split validates (val_fraction and split_seed do not apply). Decoded once into a uint8 cache."""
 
+    def load_it(spec: DataSpec, data_dir: Path) -> _Raw:
+        layout = Layout(data_dir)
+        cache, raw_dir = layout.dataset_cache() / f"{spec.dataset}.pt", layout.raw_datasets()
+        with locked(layout.dataset_lock(spec.dataset)):  # workers on one host: one decodes, the others wait
+            stored = cache_read(cache)
+            if stored is None:
+                import torchvision
 
-def _torchvision(name: str, data_dir: Path) -> _Raw:
-    """mnist, fashion_mnist, cifar10: the official train split trains, the official test split
-    validates (val_fraction and split_seed do not apply). Decoded once into a uint8 cache."""
-    class_name, class_names = _TORCHVISION[name]
-    cache = _cache_dir(data_dir) / f"{name}.pt"
-    raw_dir = data_dir / "datasets" / "raw"
-    with _lock(data_dir / "datasets" / f".{name}.lock"):
-        if not cache.exists():
-            import torchvision
+                cls = getattr(torchvision.datasets, class_name)
+                try:
+                    parts = [_open_torchvision(cls, raw_dir, train) for train in (True, False)]
+                except Exception as e:  # noqa: BLE001 - URLError, RuntimeError, md5 mismatches...
+                    raise JobError(
+                        f"dataset {spec.dataset!r} is not available: its files are not in {raw_dir} and downloading "
+                        f"them failed ({type(e).__name__}: {e}). Put the torchvision {class_name} files "
+                        f"under {raw_dir / class_name} (or give the worker network access)") from e
+                xs, ys = zip(*(_decode_torchvision(p) for p in parts))
+                stored = {"x": torch.cat(xs), "y": torch.cat(ys), "n_train": len(ys[0])}
+                cache_write(cache, stored)
+        return _Raw(stored["x"], stored["y"], class_names, official_train=int(stored["n_train"]))
 
-            cls = getattr(torchvision.datasets, class_name)
-            try:
-                parts = [_open_torchvision(cls, raw_dir, train) for train in (True, False)]
-            except Exception as e:  # noqa: BLE001 - URLError, RuntimeError, md5 mismatches...
-                raise JobError(
-                    f"dataset {name!r} is not available: its files are not in {raw_dir} and downloading "
-                    f"them failed ({type(e).__name__}: {e}). Put the torchvision {class_name} files "
-                    f"under {raw_dir / class_name} (or give the worker network access)") from e
-            xs, ys = zip(*(_decode_torchvision(p) for p in parts))
-            atomic_torch_save(cache, {"x": torch.cat(xs), "y": torch.cat(ys), "n_train": len(ys[0])})
-    stored = torch.load(cache, map_location="cpu", weights_only=True)
-    return _Raw(stored["x"], stored["y"], class_names, official_train=int(stored["n_train"]))
+    return load_it
 
 
 def _open_torchvision(cls, raw_dir: Path, train: bool):
@@ -244,19 +247,16 @@ def _decode_torchvision(ds) -> tuple[Tensor, Tensor]:
 
 
 def _upload(upload_id: str, data_dir: Path) -> _Raw:
-    """A dataset uploaded through POST /datasets, as app/uploads.py validated and stored it: float32
-    features (used as given) or uint8 N x C x H x W pixels; int64 labels; class names from its meta."""
-    import json
-
-    from app import uploads
-
+    """A dataset uploaded through POST /datasets, as app/uploads/ validated and stored it: float32 or
+    uint8 features (used as given) or uint8 N x C x H x W pixels; int64 labels; class names from its meta."""
     try:
-        folder = uploads.upload_dir(data_dir, upload_id)
-    except uploads.NotFound as e:
+        folder = Layout(data_dir).upload(upload_id)
+    except NotFound as e:
         raise JobError(str(e)) from None
     try:
-        classes = [str(c) for c in json.loads((folder / uploads.META_FILE).read_text())["classes"]]
-        with np.load(folder / uploads.DATA_FILE, allow_pickle=False) as stored:
+        meta = json.loads((folder / UPLOAD_META_FILE).read_text())
+        classes = [str(c) for c in meta["classes"]]
+        with np.load(folder / UPLOAD_DATA_FILE, allow_pickle=False) as stored:
             x, y = stored["x"], stored["y"]
     except FileNotFoundError:
         raise JobError(f"dataset upload:{upload_id} not found in {folder.parent}; it may have been deleted") from None
@@ -266,25 +266,39 @@ def _upload(upload_id: str, data_dir: Path) -> _Raw:
             (len(y) and not 0 <= y.min() <= y.max() < len(classes)):
         raise JobError(f"dataset upload:{upload_id} in {folder} is damaged (x {x.dtype} {x.shape}, "
                        f"y {y.dtype} {y.shape}, {len(classes)} classes)")
-    return _Raw(torch.from_numpy(x), torch.from_numpy(y), classes)
+    # Uploads stored before meta.json said: uint8 was only ever kept for N x C x H x W images.
+    pixels = meta.get("pixels", x.dtype == np.uint8 and x.ndim == 4)
+    return _Raw(torch.from_numpy(x), torch.from_numpy(y), classes, pixels=pixels)
 
 
-_LOADERS: dict[str, Callable[[DataSpec, Path], _Raw]] = {"iris": _iris, "digits": _digits, "fake": _fake}
+def _plugin(spec: DataSpec, data_dir: Path) -> _Raw:
+    """A dataset plugin: loader(data_dir, **params) -> {"x", "y", "classes"[, "x_val", "y_val"]}."""
+    try:
+        loader = plugins.load("datasets", spec.dataset)
+    except LookupError as e:
+        raise JobError(str(e)) from None
+    out = loader(data_dir, **(spec.params or {}))
+    what = f"dataset plugin {spec.dataset!r}"
+    if not isinstance(out, dict) or not {"x", "y", "classes"} <= set(out):
+        raise JobError(f"{what} must return a dict with x, y and classes (and optionally x_val, y_val)")
+    classes = [str(c) for c in out["classes"]]
+    xs = [torch.as_tensor(out["x"])] + ([torch.as_tensor(out["x_val"])] if "x_val" in out else [])
+    ys = [torch.as_tensor(out["y"])] + ([torch.as_tensor(out["y_val"])] if "y_val" in out else [])
+    for x, y in zip(xs, ys):
+        if x.dtype not in (torch.uint8, torch.float32) or y.dtype != torch.int64 or len(x) != len(y) or \
+                x.ndim < 2 or (len(y) and not 0 <= int(y.min()) <= int(y.max()) < len(classes)):
+            raise JobError(f"{what} returned x {x.dtype} {tuple(x.shape)} and y {y.dtype} {tuple(y.shape)} for "
+                           f"{len(classes)} classes; x must be float32 or uint8 (samples first), y int64 class indices")
+    if len({x.shape[1:] for x in xs}) != 1 or len({x.dtype for x in xs}) != 1:
+        raise JobError(f"{what} returned x and x_val of different shapes or dtypes")
+    official = len(ys[0]) if len(ys) == 2 else None  # its own validation split: the way official splits work
+    return _Raw(torch.cat(xs).contiguous(), torch.cat(ys), classes, official_train=official)
 
 
-def _cache_dir(data_dir: Path) -> Path:
-    path = data_dir / "datasets" / "cache"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-@contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    # Workers on one host share data_dir: only one of them downloads and decodes a dataset.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+# One loader per built-in dataset (app/spec.py DATASET_INFO lists them with their shapes and scaling).
+_LOADERS: dict[str, Callable[[DataSpec, Path], _Raw]] = {
+    "iris": _iris, "digits": _digits, "fake": _fake,
+    "mnist": _torchvision("MNIST", [str(i) for i in range(10)]),
+    "fashion_mnist": _torchvision("FashionMNIST", FASHION_MNIST_CLASSES),
+    "cifar10": _torchvision("CIFAR10", CIFAR10_CLASSES),
+}

@@ -12,11 +12,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from app.spec import PredictJob, TrainJob
-from worker import artifacts, data, devices
-from worker.context import JobContext, JobError
+from trainyard.app.layout import RESULT_FILE
+from trainyard.app.spec import PredictJob, TrainJob
+from trainyard.worker import artifacts, data, torch_devices
+from trainyard.worker.context import JobContext, JobError
 
 EVAL_MIN_BATCH = 1024
+# A confusion matrix is k x k counts: past this many classes only per-class accuracy is reported.
+MAX_CONFUSION_CLASSES = 1000
 
 
 @torch.no_grad()
@@ -51,25 +54,38 @@ def evaluate(model: nn.Module, x: Tensor, y: Tensor, batch_size: int, device: to
 def predict(spec: PredictJob, ctx: JobContext, model_dir: Path, train_spec: TrainJob | None = None) -> dict[str, Any]:
     """Class probabilities for spec.inputs, or accuracy and a confusion matrix on spec.data.
 
+    The whole result goes to result.json in ctx.artifact_dir (GET /jobs/{id}/result serves it);
+    the summary returned here is what the job's row keeps, small whatever the rows and classes.
     train_spec defaults to the training job's spec stored in the artifact's meta.json.
     """
+    result, summary = _predict(spec, ctx, model_dir, train_spec)
+    artifacts.save_json(ctx.artifact_dir / RESULT_FILE, result)
+    return summary
+
+
+def _predict(spec: PredictJob, ctx: JobContext, model_dir: Path,
+             train_spec: TrainJob | None) -> tuple[dict[str, Any], dict[str, Any]]:
     model, meta = artifacts.load_model(model_dir, ctx.device)
-    if train_spec is None:
+    if train_spec is None and "spec" in meta:
         train_spec = TrainJob.model_validate(meta["spec"])
+    # A run job's model: its meta says what data it expects (a built-in dataset's scaling, pixels or neither).
+    train_data = train_spec.data if train_spec else None
+    dataset = train_data.dataset if train_data else meta.get("dataset")
     input_shape = tuple(meta["input_shape"])
     num_outputs = int(meta["num_classes"])
-    class_names = list(meta["class_names"])
+    class_names = list(meta.get("class_names") or [])
     # A widened output layer (model.num_classes) predicts classes the data had no name for.
     class_names += [str(i) for i in range(len(class_names), num_outputs)]
     # The precision the model trained and was evaluated in, where this device supports it.
-    precision, _note = devices.resolve_precision(ctx.device, train_spec.train.precision)
-    autocast = lambda: devices.autocast(ctx.device, precision)  # noqa: E731
+    trained_in = train_spec.train.precision if train_spec else meta.get("precision", "fp32")
+    precision, _note = torch_devices.resolve_precision(ctx.device, trained_in)
+    autocast = lambda: torch_devices.autocast(ctx.device, precision)  # noqa: E731
 
     if spec.inputs is not None:
-        return _predict_inputs(spec, ctx, model, input_shape, class_names, train_spec.data.dataset, autocast,
+        return _predict_inputs(spec, ctx, model, input_shape, class_names, dataset, autocast,
                                pixels=meta.get("pixels"))
 
-    x, y, _names = data.split_for_predict(spec.data, train_spec.data, ctx.data_dir, ctx.device)
+    x, y, _names = data.split_for_predict(spec.data, train_data, ctx.data_dir, ctx.device)
     if tuple(x.shape[1:]) != input_shape:
         raise JobError(f"dataset {spec.data.dataset!r} has samples of shape {tuple(x.shape[1:])} "
                        f"but the model takes {input_shape}")
@@ -78,22 +94,25 @@ def predict(spec: PredictJob, ctx: JobContext, model_dir: Path, train_spec: Trai
                        f"but the model has {num_outputs} outputs")
     loss, accuracy, pred = evaluate(model, x, y, spec.batch_size, ctx.device, autocast)
     k = num_outputs
-    confusion = torch.bincount(y.to(ctx.device) * k + pred, minlength=k * k).reshape(k, k).cpu()
-    totals = confusion.sum(dim=1)
-    per_class = {
-        name: (confusion[i, i].item() / totals[i].item() if totals[i] else None)
-        for i, name in enumerate(class_names)
-    }
+    y = y.to(ctx.device)
+    totals = torch.bincount(y, minlength=k).cpu()
+    hits = torch.bincount(y[pred == y], minlength=k).cpu()
+    per_class = {name: (hits[i].item() / totals[i].item() if totals[i] else None)
+                 for i, name in enumerate(class_names)}
+    # k x k counts would be 40 GB at 100,000 classes: bounded, and said so in the result.
+    confusion = torch.bincount(y * k + pred, minlength=k * k).reshape(k, k).tolist() \
+        if k <= MAX_CONFUSION_CLASSES else None
     ctx.log(f"evaluated {len(y)} samples of {spec.data.dataset} ({spec.data.split}): accuracy {accuracy:.4f}")
-    return {
-        "samples": len(y), "accuracy": accuracy, "loss": loss, "per_class_accuracy": per_class,
-        "confusion_matrix": confusion.tolist(), "class_names": class_names,
-        "dataset": spec.data.dataset, "split": spec.data.split,
-    }
+    summary = {"samples": len(y), "accuracy": accuracy, "loss": loss, "classes": k,
+               "dataset": spec.data.dataset, "split": spec.data.split}
+    result = {**summary, "per_class_accuracy": per_class, "confusion_matrix": confusion, "class_names": class_names}
+    if confusion is None:
+        result["note"] = f"no confusion matrix past {MAX_CONFUSION_CLASSES} classes"
+    return result, summary
 
 
 def _predict_inputs(spec: PredictJob, ctx: JobContext, model: nn.Module, input_shape: tuple[int, ...],
-                    class_names: list[str], dataset: str, autocast, pixels: bool | None = None) -> dict[str, Any]:
+                    class_names: list[str], dataset: str | None, autocast, pixels: bool | None = None):
     """Inputs are raw values in the dataset's original scale (iris: cm; digits: 0..16 per pixel;
     mnist, fashion_mnist, cifar10, fake: 0..255 per pixel, channels first, flattened), so they get
     the same normalisation training applied."""
@@ -106,12 +125,19 @@ def _predict_inputs(spec: PredictJob, ctx: JobContext, model: nn.Module, input_s
     x = data.normalize(dataset, x, pixels)
     model.eval()
     probs = F.softmax(logits_in_batches(model, x, spec.batch_size, ctx.device, autocast), dim=1).cpu()
+    bad = (~torch.isfinite(probs).all(dim=1)).nonzero().flatten().tolist()
+    if bad:  # inputs within float32's range can still overflow inside the model
+        raise JobError(f"the model's outputs overflow (inf or NaN) for {len(bad)} input row(s), first row {bad[0]}: "
+                       f"their values are too large for this model")
     top = probs.argmax(dim=1).tolist()
     ctx.log(f"predicted {len(top)} input rows")
-    return {
-        "predictions": [
-            {"index": i, "class": class_names[c], "probabilities": p}
-            for i, (c, p) in enumerate(zip(top, probs.tolist()))
-        ],
-        "class_names": class_names,
-    }
+    summary = {"predictions": len(top), "classes": len(class_names), "top_k": spec.top_k}
+    if spec.top_k is None:
+        rows = [{"index": i, "class": class_names[c], "probabilities": p}
+                for i, (c, p) in enumerate(zip(top, probs.tolist()))]
+    else:
+        values, indices = probs.topk(min(spec.top_k, probs.shape[1]), dim=1)
+        rows = [{"index": i, "class": class_names[c],
+                 "top": [{"class": class_names[j], "probability": p} for j, p in zip(js, ps)]}
+                for i, (c, js, ps) in enumerate(zip(top, indices.tolist(), values.tolist()))]
+    return {"predictions": rows, "class_names": class_names}, summary

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from app.spec import TORCHVISION_ARCHS, ModelSpec
-from worker.context import JobError
+from trainyard.app import plugins
+from trainyard.app.spec import TORCHVISION_ARCHS, ModelSpec
+from trainyard.worker.context import JobError
 
 _ACTIVATIONS = {
     "relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid,
@@ -36,7 +37,19 @@ def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int)
         return _cnn(spec, input_shape, num_classes)
     if spec.arch in TORCHVISION_ARCHS:
         return _torchvision(spec.arch, input_shape, num_classes)
-    raise JobError(f"unknown architecture {spec.arch!r}")
+    return _plugin(spec, input_shape, num_classes)
+
+
+def _plugin(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """A model plugin: factory(input_shape, num_classes, **params) -> nn.Module."""
+    try:
+        factory = plugins.load("models", spec.arch)
+    except LookupError as e:
+        raise JobError(str(e)) from None
+    model = factory(tuple(input_shape), num_classes, **(spec.params or {}))
+    if not isinstance(model, nn.Module):
+        raise JobError(f"model plugin {spec.arch!r} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -62,7 +75,7 @@ def check_input(model: nn.Module, input_shape: tuple[int, ...], device: torch.de
 
 def _mlp(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     # Layers are created in order fc1, fc2, ..., out: with the same seed this draws the same
-    # initial weights as the seed tutorial's Model (fc1, fc2, out).
+    # initial weights as a hand-written nn.Module with attributes fc1, fc2, out built in that order.
     layers: OrderedDict[str, nn.Module] = OrderedDict(flatten=nn.Flatten())
     width = math.prod(input_shape)
     for i, hidden in enumerate(spec.hidden or [64], start=1):
@@ -76,7 +89,8 @@ def _mlp(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> nn.
 
 
 class CifarNet(nn.Module):
-    """Seed 002's Net (the PyTorch CIFAR-10 tutorial), with the input channels and classes as arguments."""
+    """The classic small CIFAR-10 convnet (two 5x5 convs with max-pooling, three linear layers: 6-16-120-84),
+    with the input channels and classes as arguments; parameter names match the usual `Net` of that shape."""
 
     def __init__(self, in_channels: int = 3, num_classes: int = 10):
         super().__init__()
@@ -90,7 +104,7 @@ class CifarNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.pool(F.relu(self.conv1(x)))
         x = self.pool(F.relu(self.conv2(x)))
-        x = torch.flatten(x, 1)  # the tutorial's view(-1, 400), but also valid for channels_last
+        x = torch.flatten(x, 1)  # like view(-1, 400), but also valid for channels_last
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
         return self.fc3(x)

@@ -3,29 +3,29 @@
 It is started from a fork server that has already imported torch (and this module) but has never
 initialised CUDA, so a job starts in milliseconds and each job gets a clean CUDA context; a crash,
 a leak or an out-of-memory here cannot take the worker down. This process never touches the
-database: it only sends events (see EVENTS) and the supervisor writes them, fenced by its claim.
+database: it only sends events and the supervisor writes them, fenced by its claim:
+
+    {"type": "epoch", "epoch": n, ...metrics}      one per finished epoch
+    {"type": "checkpoint", "epoch": n, "step": s, "path": str}
+    {"type": "log", "line": str}
+    {"type": "done", "result": {...}}              the job succeeded (artifact or result in the run dir)
+    {"type": "error", "error": {"class", "type", "message", "traceback"}}
+    {"type": "preempted"}                          checkpointed after a stop request
 """
 import os
 import signal
+import sys
 import traceback
 from multiprocessing.connection import Connection
-from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
-from app.spec import parse_spec
-from worker import devices, infer, train
-from worker.context import JobContext, Preempted
-
-# Events sent to the supervisor:
-#   {"type": "epoch", "epoch": n, ...metrics}      one per finished epoch
-#   {"type": "checkpoint", "epoch": n, "step": s, "path": str}
-#   {"type": "log", "line": str}
-#   {"type": "done", "result": {...}}              the job succeeded (artifact in ctx.artifact_dir)
-#   {"type": "error", "error": {"class", "type", "message", "traceback"}}
-#   {"type": "preempted"}                          checkpointed after a stop request
-EVENTS = ("epoch", "checkpoint", "log", "done", "error", "preempted")
+from trainyard.app.spec import parse_spec
+from trainyard.app.states import Failure, error_record
+from trainyard.worker import entrypoints, infer, memory, torch_devices, train
+from trainyard.worker.context import JobContext, Preempted
+from trainyard.worker.plan import JobPlan
 
 _stop = False
 
@@ -36,50 +36,80 @@ def _on_sigterm(signum, frame) -> None:
     _stop = True
 
 
-def run(job: dict[str, Any], device: str, data_dir: str, paths: dict[str, Any], conn: Connection) -> None:
-    """Entry point of the job process. `paths` holds artifact_dir, checkpoint_path, resume_path, model_dir."""
+def run(plan: JobPlan, conn: Connection) -> None:
+    """Entry point of the job process."""
     # Ctrl-C in a terminal reaches the whole process group; the supervisor decides what happens.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        execute(job, device, data_dir, paths, conn.send)
+        _capture_output(plan)
+        execute(plan, conn.send, own_process=True)
     finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
         conn.close()
         # Skip interpreter teardown (atexit hooks, CUDA context destruction order): the supervisor
         # already has everything it needs, and the OS frees the device memory with the process.
         os._exit(0)
 
 
-def execute(job: dict[str, Any], device: str, data_dir: str, paths: dict[str, Any],
-            emit: Callable[[dict], None]) -> None:
-    """Run the job, ending with exactly one of the events done, error or preempted."""
-    torch_device = None
-    batch_size = None
+def execute(plan: JobPlan, emit: Callable[[dict], None], own_process: bool = False) -> None:
+    """Run the job, ending with exactly one of the events done, error or preempted. In its own
+    process (own_process) it first sets the process-wide limits: threads, memory."""
+    device, batch_size = None, None
     try:
-        spec = parse_spec(job["spec"])
-        batch_size = spec.train.batch_size if spec.kind == "train" else spec.batch_size
-        torch_device = devices.resolve(device)
-        if paths.get("threads"):
-            torch.set_num_threads(paths["threads"])
-        ctx = JobContext(
-            job_id=job["id"], device=torch_device, data_dir=Path(data_dir),
-            artifact_dir=Path(paths["artifact_dir"]), checkpoint_path=Path(paths["checkpoint_path"]),
-            resume_path=Path(paths["resume_path"]) if paths.get("resume_path") else None,
-            emit=emit, stop_requested=lambda: _stop)
+        spec = parse_spec(plan.job.spec)
+        batch_size = spec.train.batch_size if spec.kind == "train" else getattr(spec, "batch_size", None)
+        device = torch_devices.resolve(plan.device)
+        if own_process:
+            _limit(plan, device)
+        ctx = JobContext(job_id=plan.job.id, device=device, data_dir=plan.data_dir, artifact_dir=plan.run_dir,
+                         checkpoint_path=plan.checkpoint_stem, resume_path=plan.resume_from, emit=emit,
+                         stop_requested=lambda: _stop)
         if spec.kind == "train":
             result = train.train(spec, ctx)
+        elif spec.kind == "run":
+            result = entrypoints.run(spec, ctx, plan.job.attempt)
         else:
-            train_spec = parse_spec(paths["model_spec"]) if paths.get("model_spec") else None
-            result = infer.predict(spec, ctx, Path(paths["model_dir"]), train_spec)
+            train_spec = parse_spec(plan.model_spec) if plan.model_spec else None
+            result = infer.predict(spec, ctx, plan.model_dir, train_spec)
         emit({"type": "done", "result": result})
     except Preempted:
         emit({"type": "preempted"})
     except torch.OutOfMemoryError as exc:
-        emit({"type": "error", "error": _error("oom", exc, devices.oom_message(torch_device, batch_size))})
+        emit({"type": "error", "error": _error(Failure.OOM, exc, torch_devices.oom_message(device, batch_size))})
     except Exception as exc:  # JobError, or an exception in training: the job's own error, not retried
-        emit({"type": "error", "error": _error("job", exc)})
+        if memory.is_allocation_failure(exc):
+            asked = f" ({str(exc).splitlines()[0][:200]})" if str(exc) else ""
+            message = memory.budget_message(plan.memory_budget, None, asked) if plan.memory_budget \
+                else f"out of host memory{asked}"
+            emit({"type": "error", "error": _error(Failure.OOM, exc, message)})
+        else:
+            emit({"type": "error", "error": _error(Failure.JOB, exc)})
 
 
-def _error(cls: str, exc: BaseException, message: str | None = None) -> dict:
-    return {"class": cls, "type": type(exc).__name__, "message": message or str(exc) or type(exc).__name__,
-            "traceback": traceback.format_exc(limit=20)}
+def _capture_output(plan: JobPlan) -> None:
+    """What the job prints, Python's or a library's own (a C extension writing to fd 1), goes to its log
+    (GET /jobs/{id}/logs), appended beside the supervisor's lines."""
+    if plan.log_path is None:
+        return
+    fd = os.open(plan.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+
+
+def _limit(plan: JobPlan, device: torch.device) -> None:
+    if plan.threads:
+        torch.set_num_threads(plan.threads)
+    # Not on CUDA jobs: the driver maps large host regions of its own (the supervisor watches those).
+    if plan.memory_budget and device.type == "cpu":
+        memory.limit_data_segment(plan.memory_budget)
+    torch_devices.limit_memory_fraction(device, plan.gpu_memory_fraction)
+
+
+def _error(cls: Failure, exc: BaseException, message: str | None = None) -> dict:
+    return error_record(cls, type(exc).__name__, message or str(exc) or type(exc).__name__,
+                        traceback.format_exc(limit=20))

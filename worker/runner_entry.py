@@ -6,7 +6,7 @@ here (already preloaded in the fork server, so free) keeps torch out of the supe
 
 
 def run(*args) -> None:
-    from worker import runner
+    from trainyard.worker import runner
     runner.run(*args)
 
 

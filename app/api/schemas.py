@@ -4,7 +4,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-# Result keys that can be large; the job shows a count and GET /jobs/{id}/result the whole thing.
+from trainyard.app.records import Job
+from trainyard.app.states import JobState
+
+# Result keys that can be large. They live in a file beside the job's run (GET /jobs/{id}/result);
+# rows written before that held them inline, and still show only a count.
 _BULKY = ("predictions", "confusion_matrix", "per_class_accuracy")
 
 
@@ -21,7 +25,7 @@ class JobPublic(BaseModel):
     id: int
     kind: str
     name: str | None
-    state: str
+    state: JobState
     spec: dict[str, Any]
     priority: int
     created_at: datetime
@@ -37,33 +41,47 @@ class JobPublic(BaseModel):
     peak_memory_allocated: int | None = Field(description="peak torch.cuda.max_memory_allocated (bytes, CUDA only)")
     peak_memory_reserved: int | None = Field(description="peak torch.cuda.memory_reserved (bytes, CUDA only)")
     checkpoint_epoch: int | None
+    parameters: int | None = Field(None, description="the model's parameter count (train jobs), counted at submit")
     error: dict[str, Any] | None
     errors: list[dict[str, Any]]
     result: dict[str, Any] | None = Field(description="summary of the result; GET /jobs/{id}/result has all of it")
 
     @classmethod
-    def from_row(cls, row: dict) -> "JobPublic":
-        result = row["result"]
-        if result:
+    def from_job(cls, job: Job) -> "JobPublic":
+        result = job.result
+        if result and isinstance(result.get("predictions", result.get("confusion_matrix")), list):
+            # A row from before results moved beside the run: show the same summary a new one holds.
             result = {k: v for k, v in result.items() if k not in _BULKY}
-            if row["result"].get("predictions") is not None:
-                result["predictions"] = len(row["result"]["predictions"])
-        error = row["error"]
+            if isinstance(job.result.get("predictions"), list):
+                result["predictions"] = len(job.result["predictions"])
+        error = job.error
         if error:
             error = {k: v for k, v in error.items() if k != "traceback"}
         # Built without validation: every value comes from our own database in the types above, and
         # validating dozens of nested dicts per page was most of a list request's cost.
         return cls.model_construct(
-            id=row["id"], kind=row["kind"], name=row["name"], state=row["state"], spec=row["spec"],
-            priority=row["priority"], created_at=ts(row["created_at"]), started_at=ts(row["started_at"]),
-            finished_at=ts(row["finished_at"]), attempt=row["attempt"], max_attempts=row["max_attempts"],
-            runs=row["claim"], worker_id=row["worker_id"], device=row["device"],
-            progress=Progress.model_construct(epoch=row["epoch"], epochs=row["epochs"]),
-            latest_metrics=row["latest_metrics"],
-            peak_memory_allocated=row["peak_memory_allocated"], peak_memory_reserved=row["peak_memory_reserved"],
-            checkpoint_epoch=row["checkpoint_epoch"], error=error,
-            errors=[{k: v for k, v in e.items() if k != "traceback"} for e in (row["errors"] or [])],
-            result=result)
+            id=job.id, kind=job.kind, name=job.name, state=job.state, spec=job.spec, priority=job.priority,
+            created_at=ts(job.created_at), started_at=ts(job.started_at), finished_at=ts(job.finished_at),
+            attempt=job.attempt, max_attempts=job.max_attempts, runs=job.claim, worker_id=job.worker_id,
+            device=job.device, progress=Progress.model_construct(epoch=job.epoch, epochs=job.epochs),
+            latest_metrics=job.latest_metrics, peak_memory_allocated=job.peak_memory_allocated,
+            peak_memory_reserved=job.peak_memory_reserved, checkpoint_epoch=job.checkpoint_epoch,
+            parameters=job.parameters, error=error,
+            errors=[{k: v for k, v in e.items() if k != "traceback"} for e in job.errors], result=result)
+
+
+class ErrorPublic(BaseModel):
+    detail: str | list[dict[str, Any]] = Field(description="what is wrong; for a field: [{loc, msg, type}]")
+
+
+def responses(**codes: str) -> dict:
+    """OpenAPI error responses: responses(not_found="no such job") -> {404: {...}}."""
+    status = {"unauthorized": 401, "not_found": 404, "conflict": 409, "gone": 410, "too_large": 413}
+    return {status[name]: {"model": ErrorPublic, "description": text} for name, text in codes.items()}
+
+
+NOT_FOUND = responses(not_found="no such job")
+UNAUTHORIZED = responses(unauthorized="a token is configured and the request did not carry it")
 
 
 class JobsPublic(BaseModel):
@@ -99,6 +117,3 @@ class WorkerPublic(BaseModel):
     last_heartbeat_age_s: float
     torch: dict[str, Any] | None = Field(None, description="the worker's last reported torch allocator stats")
 
-
-class Message(BaseModel):
-    detail: str

@@ -1,19 +1,25 @@
 """Routes for jobs: submit, list, read, cancel, retry, metrics, events, artifact, result, logs."""
 import asyncio
-import json
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Header, HTTPException, Path as PathParam, Query, Request, Response
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Body, Depends, Header, Path as PathParam, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel
 
-from app import queue
-from app.api.deps import EngineDep, SettingsDep
-from app.api.schemas import JobPublic, JobsPublic, MetricPublic
-from app.spec import (JOB_KINDS, JOB_STATES, MAX_ID, PREDICT_DATA_EXAMPLE, PREDICT_INPUTS_EXAMPLE, TERMINAL_STATES,
-                      TRAIN_EXAMPLE, JobSpec)
+from trainyard.app import admission, queue
+from trainyard.app.api.deps import EngineDep, SettingsDep
+from trainyard.app.api.schemas import NOT_FOUND, JobPublic, JobsPublic, MetricPublic, responses
+from trainyard.app.errors import Conflict, Gone, NotFound
+from trainyard.app.layout import ARTIFACT_FILES, RESULT_FILE
+from trainyard.app.records import Job
+from trainyard.app.spec import JOB_KINDS, MAX_ID, PREDICT_DATA_EXAMPLE, PREDICT_INPUTS_EXAMPLE, TRAIN_EXAMPLE, JobSpec
+from trainyard.app.states import TERMINAL, JobState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 # Bounded so that no id reaches the database as an integer it cannot store.
@@ -27,32 +33,34 @@ EXAMPLES = {
 }
 
 
-@router.post("", status_code=201, response_model=JobPublic)
+@router.post("", status_code=201, response_model=JobPublic,
+             responses={200: {"model": JobPublic, "description": "the same Idempotency-Key and body: the job it made"},
+                        **responses(conflict="the Idempotency-Key was used with another body")})
 async def submit_job(spec: Annotated[JobSpec, Body(openapi_examples=EXAMPLES)], engine: EngineDep,
+                     settings: SettingsDep,
                      idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> Response:
-    job, created = await run_in_threadpool(_submit, engine, spec, idempotency_key)
-    return as_json(JobPublic.from_row(job), 201 if created else 200)
+    job, created = await run_in_threadpool(_submit, engine, settings, spec, idempotency_key)
+    return as_json(JobPublic.from_job(job), 201 if created else 200)
 
 
-def _submit(engine, spec, idempotency_key):
-    if spec.kind == "predict":
-        queue.check_predict(engine, spec)
-    return queue.enqueue(engine, spec, idempotency_key)
+def _submit(engine, settings, spec, idempotency_key):
+    admitted = admission.admit(engine, settings, spec)
+    return queue.enqueue(engine, spec, idempotency_key, admitted.parameters, admitted.needs)
 
 
 @router.get("", response_model=JobsPublic)
 async def list_jobs(engine: EngineDep,
-                    state: Annotated[Literal[JOB_STATES] | None, Query()] = None,  # type: ignore[valid-type]
+                    state: Annotated[JobState | None, Query()] = None,
                     kind: Annotated[Literal[JOB_KINDS] | None, Query()] = None,  # type: ignore[valid-type]
                     limit: Annotated[int, Query(ge=1, le=500)] = 50,
                     offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> Response:
     rows, count = await run_in_threadpool(queue.list_jobs, engine, state, kind, limit, offset)
-    return as_json(JobsPublic(data=[JobPublic.from_row(r) for r in rows], count=count, limit=limit, offset=offset))
+    return as_json(JobsPublic(data=[JobPublic.from_job(r) for r in rows], count=count, limit=limit, offset=offset))
 
 
-@router.get("/{job_id}", response_model=JobPublic)
+@router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
 async def get_job(job_id: JobId, engine: EngineDep) -> Response:
-    return as_json(JobPublic.from_row(await run_in_threadpool(queue.get_job, engine, job_id)))
+    return as_json(JobPublic.from_job(await run_in_threadpool(queue.get_job, engine, job_id)))
 
 
 def as_json(model: BaseModel, status_code: int = 200) -> Response:
@@ -61,101 +69,113 @@ def as_json(model: BaseModel, status_code: int = 200) -> Response:
     return Response(model.model_dump_json(), status_code=status_code, media_type="application/json")
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic)
+@router.post("/{job_id}/cancel", response_model=JobPublic,
+             responses={**NOT_FOUND, **responses(conflict="the job has ended already")})
 def cancel_job(job_id: JobId, engine: EngineDep) -> JobPublic:
-    return JobPublic.from_row(queue.cancel(engine, job_id))
+    return JobPublic.from_job(queue.cancel(engine, job_id))
 
 
-@router.post("/{job_id}/retry", response_model=JobPublic)
+@router.post("/{job_id}/retry", response_model=JobPublic,
+             responses={**NOT_FOUND, **responses(conflict="only failed or cancelled jobs can be retried")})
 def retry_job(job_id: JobId, engine: EngineDep) -> JobPublic:
-    return JobPublic.from_row(queue.retry(engine, job_id))
+    return JobPublic.from_job(queue.retry(engine, job_id))
 
 
-@router.get("/{job_id}/metrics", response_model=list[MetricPublic])
+@router.get("/{job_id}/metrics", response_model=list[MetricPublic], responses=NOT_FOUND)
 def job_metrics(job_id: JobId, engine: EngineDep) -> list[dict]:
     return queue.get_metrics(engine, job_id)
 
 
-@router.get("/{job_id}/events", response_class=StreamingResponse,
-            responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}})
-async def job_events(job_id: JobId, engine: EngineDep, request: Request) -> StreamingResponse:
+async def existing_job(job_id: JobId, engine: EngineDep) -> Job:
+    """The job, or 404 before a stream starts."""
+    return await run_in_threadpool(queue.get_job, engine, job_id)
+
+
+@router.get("/{job_id}/events", response_class=EventSourceResponse,
+            responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"},
+                       **NOT_FOUND})
+async def job_events(job: Annotated[Job, Depends(existing_job)], engine: EngineDep, request: Request,
+                     last_event_id: Annotated[str | None, Header(max_length=64)] = None) -> AsyncIterator[ServerSentEvent]:
     """Server-Sent Events: `state` on every change of state or run, `epoch` for each epoch's metrics,
-    then `end` when the job ends. Reconnecting replays the job's current state and all its epochs."""
-    await run_in_threadpool(queue.get_job, engine, job_id)  # 404 before the stream starts
-
-    async def stream():
-        sent_state, last_epoch, idle = None, 0, 0.0
-        while not await request.is_disconnected():
-            job = await run_in_threadpool(queue.get_job, engine, job_id)
-            state = (job["state"], job["claim"])
-            if state != sent_state:
-                if job["claim"] != (sent_state or ("", 0))[1] and job["state"] != "running":
-                    # The run started and ended between two polls: still tell the client it ran.
-                    yield _sse("state", JobPublic.from_row({**job, "state": "running"}).model_dump(mode="json"))
-                if job["state"] == "running":
-                    # A resumed run re-runs the epochs after its checkpoint: send them again.
-                    last_epoch = min(last_epoch, job["checkpoint_epoch"] or 0)
-                sent_state = state
-                yield _sse("state", JobPublic.from_row(job).model_dump(mode="json"))
-            for m in await run_in_threadpool(queue.get_metrics, engine, job_id, last_epoch):
-                last_epoch = m["epoch"]
-                yield _sse("epoch", m)
-            if job["state"] in TERMINAL_STATES:
-                yield _sse("end", {"id": job_id, "state": job["state"]})
-                return
-            await asyncio.sleep(EVENTS_POLL_S)
-            idle += EVENTS_POLL_S
-            if idle >= 15:  # a comment line keeps proxies from closing a quiet stream
-                idle = 0.0
-                yield ": keep-alive\n\n"
-
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    then `end` when the job ends. Each event's id is `<run>.<epoch>`: a client that reconnects with
+    `Last-Event-ID` gets the current state and the epochs it has not seen (all of a run's epochs after
+    its checkpoint when the job was resumed since); without it, all the job's epochs."""
+    sent_state, last_epoch = None, _seen_epoch(last_event_id, job)
+    while not await request.is_disconnected():
+        job = await run_in_threadpool(queue.get_job, engine, job.id)
+        if (job.state, job.claim) != sent_state:
+            if sent_state is not None and job.claim != sent_state[1] and job.state != JobState.RUNNING:
+                # The run started and ended between two polls: still tell the client it ran.
+                yield _event("state", JobPublic.from_job(replace(job, state=JobState.RUNNING)), job, last_epoch)
+            if job.state == JobState.RUNNING and sent_state is not None:
+                # A resumed run re-runs the epochs after its checkpoint: send them again.
+                last_epoch = min(last_epoch, job.checkpoint_epoch or 0)
+            sent_state = (job.state, job.claim)
+            yield _event("state", JobPublic.from_job(job), job, last_epoch)
+        for m in await run_in_threadpool(queue.get_metrics, engine, job.id, last_epoch):
+            last_epoch = m["epoch"]
+            yield _event("epoch", m, job, last_epoch)
+        if job.state in TERMINAL:
+            yield _event("end", {"id": job.id, "state": job.state}, job, last_epoch)
+            return
+        await asyncio.sleep(EVENTS_POLL_S)
 
 
-def _sse(event: str, data: dict) -> str:
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+def _seen_epoch(last_event_id: str | None, job: Job) -> int:
+    """The last epoch a reconnecting client saw, as far as it still holds."""
+    run, _, epoch = (last_event_id or "").partition(".")
+    if not (run.isdigit() and epoch.isdigit()):
+        return 0
+    if int(run) == job.claim:
+        return int(epoch)
+    return min(int(epoch), job.checkpoint_epoch or 0)  # a later run re-ran the epochs after its checkpoint
 
 
-@router.get("/{job_id}/result")
-def job_result(job_id: JobId, engine: EngineDep) -> dict:
+def _event(name: str, data, job: Job, epoch: int) -> ServerSentEvent:
+    return ServerSentEvent(event=name, data=data, id=f"{job.claim}.{epoch}")
+
+
+@router.get("/{job_id}/result", response_model=dict[str, Any],
+            responses={**NOT_FOUND, **responses(conflict="the job has not succeeded", gone="its file is gone")})
+def job_result(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> Response:
+    """The whole result. A prediction's rows and an evaluation's confusion matrix live in a file beside
+    the job's run (streamed from disk here); the job itself carries only their summary."""
     job = queue.get_job(engine, job_id)
-    if job["state"] != "succeeded":
-        raise HTTPException(409, f"job {job_id} is {job['state']}; a result exists once it has succeeded")
-    return job["result"]
+    if job.state != JobState.SUCCEEDED:
+        raise Conflict(f"job {job_id} is {job.state}; a result exists once it has succeeded")
+    if job.kind == "predict" and job.artifact_path:
+        path = settings.layout.resolve(Path(job.artifact_path) / RESULT_FILE)
+        if not path.is_file():
+            raise Gone(f"the result of job {job_id} is gone from the data directory")
+        return FileResponse(path, media_type="application/json")
+    return JSONResponse(job.result)
 
-
-ARTIFACT_FILES = {"safetensors": "model.safetensors", "pt": "model.pt", "meta": "meta.json"}
 
 
 @router.get("/{job_id}/artifact", response_class=FileResponse,
-            responses={200: {"content": {"application/octet-stream": {}}, "description": "the trained state_dict"}})
+            responses={200: {"content": {"application/octet-stream": {}}, "description": "the trained state_dict"},
+                       **responses(not_found="no such job, or one without a model", conflict="the job has not succeeded",
+                                   gone="its files are gone")})
 def job_artifact(job_id: JobId, engine: EngineDep, settings: SettingsDep,
                  format: Literal["safetensors", "pt", "meta"] = "safetensors") -> FileResponse:
     job = queue.get_job(engine, job_id)
-    if job["kind"] != "train":
-        raise HTTPException(404, f"job {job_id} is a {job['kind']} job; only train jobs have artifacts")
-    if job["state"] != "succeeded" or not job["artifact_path"]:
-        raise HTTPException(409, f"job {job_id} is {job['state']}; its artifact exists once it has succeeded")
-    path = inside(settings.data_dir, Path(job["artifact_path"]) / ARTIFACT_FILES[format])
+    if job.kind == "predict":
+        raise NotFound(f"job {job_id} is a predict job; train jobs (and run jobs that save a model) have artifacts")
+    if job.state != JobState.SUCCEEDED or not job.artifact_path:
+        raise Conflict(f"job {job_id} is {job.state}; its artifact exists once it has succeeded")
+    path = settings.layout.resolve(Path(job.artifact_path) / ARTIFACT_FILES[format])
     if not path.is_file():
-        raise HTTPException(410, f"the artifact of job {job_id} is gone from the data directory")
+        if job.kind == "run":
+            raise NotFound(f"run job {job_id} saved no model (ctx.save_model)")
+        raise Gone(f"the artifact of job {job_id} is gone from the data directory")
     name = ARTIFACT_FILES[format].replace("model", f"job-{job_id}-model").replace("meta", f"job-{job_id}-meta")
     media = "application/json" if format == "meta" else "application/octet-stream"
     return FileResponse(path, filename=name, media_type=media)
 
 
-@router.get("/{job_id}/logs", response_class=PlainTextResponse)
+@router.get("/{job_id}/logs", response_class=PlainTextResponse, responses=NOT_FOUND)
 def job_logs(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> str:
     queue.get_job(engine, job_id)
-    path = inside(settings.data_dir, Path("logs") / f"{job_id}.log")
+    path = settings.layout.log(job_id)
     return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
 
-
-def inside(root: Path, rel: Path) -> Path:
-    """Resolve rel under root, refusing anything that would land outside it."""
-    base = root.resolve()
-    path = (base / rel).resolve()
-    if not path.is_relative_to(base):
-        raise HTTPException(400, "path outside the data directory")
-    return path

@@ -4,9 +4,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from app import devices, metrics, queue, spec
-from app.api.deps import EngineDep, SettingsDep
-from app.api.schemas import WorkerPublic, ts
+from trainyard.app import admission, hardware, metrics, queue, spec
+from trainyard.app import workers as workers_registry
+from trainyard.app.api.deps import EngineDep, SettingsDep
+from trainyard.app.api.schemas import WorkerPublic, ts
 
 router = APIRouter(tags=["system"])
 health_router = APIRouter(tags=["system"])
@@ -16,7 +17,7 @@ health_router = APIRouter(tags=["system"])
 async def get_devices(engine: EngineDep, settings: SettingsDep) -> dict:
     """CUDA devices (from NVML, never a CUDA context in this process), their workers' torch allocator
     stats (from heartbeats), and the CPU."""
-    return await run_in_threadpool(devices.snapshot, engine, settings.lease_s)
+    return await run_in_threadpool(hardware.snapshot, engine, settings.lease_s)
 
 
 @router.get("/metrics", response_class=Response,
@@ -28,19 +29,20 @@ def get_metrics(request: Request) -> Response:
 
 
 @router.get("/catalog")
-def get_catalog() -> dict:
-    """The architectures, datasets and job fields a client may submit, with their limits."""
-    return spec.catalog()
+def get_catalog(engine: EngineDep, settings: SettingsDep) -> dict:
+    """The architectures, datasets and job fields a client may submit, with their limits, and the plugins
+    installed on this server or on the live workers."""
+    return spec.catalog(admission.plugin_catalog(engine, settings))
 
 
 @router.get("/workers", response_model=list[WorkerPublic])
 def get_workers(engine: EngineDep, settings: SettingsDep, include_stopped: bool = False) -> list[WorkerPublic]:
-    workers, now = queue.list_workers(engine, include_stopped=include_stopped)
+    workers, now = workers_registry.list_workers(engine, include_stopped=include_stopped)
     out = []
     for w in workers:
         age = max(0.0, now - w["last_heartbeat"])
         out.append(WorkerPublic(id=w["id"], host=w["host"], pid=w["pid"], device=w["device"],
-                                state=queue.worker_state(w, now, settings.lease_s),
+                                state=workers_registry.worker_state(w, now, settings.lease_s),
                                 job_id=w["job_id"], started_at=ts(w["started_at"]),
                                 last_heartbeat=ts(w["last_heartbeat"]), last_heartbeat_age_s=round(age, 3),
                                 torch=(w["stats"] or {}).get("torch")))
@@ -49,5 +51,7 @@ def get_workers(engine: EngineDep, settings: SettingsDep, include_stopped: bool 
 
 @health_router.get("/healthz")
 def healthz(engine: EngineDep) -> dict:
-    queue.list_jobs(engine, limit=1)
+    """The server answers and its database does (one trivial query: a health check must stay cheap
+    whatever the jobs hold)."""
+    queue.ping(engine)
     return {"status": "ok"}

@@ -1,4 +1,4 @@
-"""Devices: what the hardware has (NVML) and what workers report (torch allocator) -> the /devices payload.
+"""Hardware as the API sees it: NVML readings, the torch build, the CPU, and worker heartbeats -> /devices.
 
 Nothing here initialises CUDA or imports torch: a CUDA context in the API server or the worker
 supervisor would take GPU memory away from the jobs. NVML reads the driver's view; the torch
@@ -12,7 +12,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from app import queue
+from trainyard.app import device_names
+from trainyard.app import workers as workers_registry
 
 
 def nvml_devices() -> list[dict[str, Any]] | None:
@@ -76,7 +77,7 @@ def worker_device_info(device: str) -> dict[str, Any] | None:
         return None
     nv = nvml_devices() or []
     idx = visible_indices(len(nv))
-    n = int(device.split(":")[1]) if ":" in device else 0
+    n = device_names.cuda_index(device)
     return nv[idx[n]] if n < len(idx) else None
 
 
@@ -126,13 +127,13 @@ def build_payload(nvml: list[dict] | None, workers: list[dict], now: float, buil
         age = max(0.0, now - w["last_heartbeat"])
         stats = w.get("stats") or {}
         return {"id": w["id"], "host": w["host"], "pid": w["pid"], "device": w["device"],
-                "state": queue.worker_state(w, now, stale_after_s),
+                "state": workers_registry.worker_state(w, now, stale_after_s),
                 "job_id": w["job_id"], "torch": stats.get("torch"), "last_heartbeat_age_s": round(age, 3)}
 
     cuda = []
     for torch_index, phys in enumerate(visible):
         d = nvml[phys]
-        name = f"cuda:{torch_index}"
+        name = device_names.cuda(torch_index)
         cuda.append({
             "index": torch_index, "name": d["name"], "uuid": d.get("uuid"),
             "compute_capability": d["compute_capability"], "memory_total": d["memory_total"],
@@ -151,5 +152,5 @@ def build_payload(nvml: list[dict] | None, workers: list[dict], now: float, buil
 
 def snapshot(engine, stale_after_s: float) -> dict[str, Any]:
     """The /devices payload now: NVML readings plus the workers' last heartbeats."""
-    workers, now = queue.list_workers(engine)
+    workers, now = workers_registry.list_workers(engine)
     return build_payload(nvml_devices(), workers, now, torch_build_info(), cpu_info(), stale_after_s)

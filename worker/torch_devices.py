@@ -1,4 +1,4 @@
-"""Device helpers for the job process: resolve the device, apply the speed switches, read allocator stats.
+"""The torch side of devices, in the job process: resolve the device, apply the speed switches, read allocator stats.
 
 Everything that touches torch.cuda lives here behind a device-type check, so the training loop never
 calls torch.cuda itself and the CPU tests run the same code paths a GPU job does.
@@ -9,8 +9,9 @@ from typing import Any, ContextManager
 import torch
 from torch import nn
 
-from app.spec import TrainParams
-from worker.context import JobError
+from trainyard.app import device_names
+from trainyard.app.spec import TrainParams
+from trainyard.worker.context import JobError
 
 # A dataset is copied to the GPU whole only when it takes less than this share of the free memory,
 # leaving the rest for activations, gradients and optimizer state.
@@ -18,20 +19,27 @@ DATA_ON_DEVICE_SHARE = 0.5
 
 
 def resolve(device: str) -> torch.device:
-    """'cpu', 'cuda' or 'cuda:N' -> torch.device, checking that the device exists."""
-    if device == "cpu":
-        return torch.device("cpu")
+    """A worker's device name (app/device_names.py) -> torch.device, checking that the device exists."""
+    index = device_names.cuda_index(device)
     if device == "auto":
         return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    if device == "cuda" or device.startswith("cuda:"):
-        index = int(device.partition(":")[2] or 0)
-        if not torch.cuda.is_available():
-            raise JobError(f"device {device!r} requested but CUDA is not available on this worker")
-        count = torch.cuda.device_count()
-        if index >= count:
-            raise JobError(f"device {device!r} does not exist: this worker has {count} CUDA device(s)")
-        return torch.device("cuda", index)
-    raise JobError(f"unknown device {device!r}; use cpu, cuda or cuda:N")
+    if index is None:
+        if device != "cpu":
+            raise JobError(f"unknown device {device!r}; use cpu, cuda or cuda:N")
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise JobError(f"device {device!r} requested but CUDA is not available on this worker")
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise JobError(f"device {device!r} does not exist: this worker has {count} CUDA device(s)")
+    return torch.device("cuda", index)
+
+
+def limit_memory_fraction(device: torch.device, fraction: float | None) -> None:
+    """Cap the share of the GPU's memory this process's caching allocator may take (other jobs may share
+    the GPU, or the operator keeps room for others); an allocation past it is an out-of-memory error."""
+    if device.type == "cuda" and fraction is not None and fraction < 1:
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
 
 
 def configure(device: torch.device, params: TrainParams) -> dict[str, Any]:

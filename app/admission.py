@@ -1,0 +1,167 @@
+"""Admission: what a well-formed job must also satisfy, against the service's state, before it is queued.
+
+The spec (app/spec.py) checks a job on its own. Here it is checked against what exists: the
+dataset it names, the plugins it needs (installed here or on a live worker), the model job a
+prediction uses, and the limits that keep one small request from costing the service gigabytes
+(parameters of the model, values a prediction returns). The answer says what the job needs of
+the worker that will claim it.
+"""
+import json
+import math
+from dataclasses import dataclass, field
+
+from sqlalchemy.engine import Engine
+
+from trainyard.app import model_size, plugins, queue, uploads
+from trainyard.app import workers as registry
+from trainyard.app.errors import Invalid, NotFound
+from trainyard.app.layout import ARTIFACT_FILES
+from trainyard.app.settings import Settings
+from trainyard.app.spec import (ALL_ARCHS, DATASET_INFO, DATASETS, UPLOAD_PREFIX, DataSpec, PredictJob, RunJob,
+                                TrainJob, is_plugin_dataset)
+from trainyard.app.states import JobState
+
+
+@dataclass
+class Admitted:
+    parameters: int | None = None                            # the model's size, when it can be counted here
+    needs: dict[str, str] = field(default_factory=dict)     # plugin kind -> name the claiming worker must have
+
+
+def plugin_catalog(engine: Engine, settings: Settings) -> list[dict]:
+    """Every plugin installed on this server or on a live worker: kind, name, distribution, version and
+    `installed_on` ("this server", worker ids)."""
+    found: dict[tuple[str, str], dict] = {}
+
+    def add(detail: dict, where: str) -> None:
+        entry = found.setdefault((detail["kind"], detail["name"]), {**detail, "installed_on": []})
+        entry["installed_on"].append(where)
+
+    for p in plugins.describe(plugins.offered(settings.plugins)):
+        add(p, "this server")
+    workers, now = registry.list_workers(engine)
+    for w in workers:
+        if registry.worker_state(w, now, settings.lease_s) in registry.LIVE:
+            for p in (w.get("stats") or {}).get("plugin_details") or []:
+                add(p, w["id"])
+    return [{k: v for k, v in e.items() if k != "value"} for _, e in sorted(found.items())]
+
+
+def known_plugins(engine: Engine, settings: Settings) -> dict[str, dict[str, list[str]]]:
+    """kind -> name -> where it is installed, among this server and the live workers."""
+    known: dict[str, dict[str, list[str]]] = {kind: {} for kind in plugins.GROUPS}
+    for p in plugin_catalog(engine, settings):
+        known.setdefault(p["kind"], {})[p["name"]] = p["installed_on"]
+    return known
+
+
+class Check:
+    """One submission's admission: the plugins it may name are read once."""
+
+    def __init__(self, engine: Engine, settings: Settings):
+        self.engine, self.settings = engine, settings
+        self._known: dict | None = None
+
+    @property
+    def known(self) -> dict[str, dict[str, list[str]]]:
+        if self._known is None:
+            self._known = known_plugins(self.engine, self.settings)
+        return self._known
+
+    def plugin(self, kind: str, name: str, loc: tuple, builtins: tuple[str, ...], admitted: Admitted) -> None:
+        if name not in self.known[kind]:
+            installed = ", ".join(sorted(self.known[kind])) or "none"
+            valid = f"{', '.join(builtins)}, or " if builtins else ""
+            raise Invalid(f"unknown {_WHAT[kind]} {name!r}; valid: {valid}an installed {kind[:-1]} plugin "
+                          f"(installed: {installed})", loc=loc)
+        admitted.needs[kind] = name
+
+    def dataset(self, data: DataSpec, loc: tuple, admitted: Admitted) -> tuple[tuple[int, ...], int] | None:
+        """(input shape per sample, number of classes) without loading it; None for a plugin's."""
+        if is_plugin_dataset(data.dataset):
+            self.plugin("datasets", data.dataset, loc, (*DATASETS, "upload:<id>"), admitted)
+            return None
+        if data.dataset == "fake":
+            return tuple(data.image_size), data.num_classes
+        if data.dataset.startswith(UPLOAD_PREFIX):
+            try:
+                meta = uploads.get(self.settings.data_dir, data.dataset[len(UPLOAD_PREFIX):])
+            except NotFound:
+                raise Invalid(f"dataset {data.dataset!r} does not exist (GET /datasets lists the uploads)",
+                              loc=loc) from None
+            return tuple(meta["input_shape"]), len(meta["classes"])
+        info = DATASET_INFO[data.dataset]
+        return tuple(info["input_shape"]), info["classes"]
+
+    def train(self, spec: TrainJob) -> Admitted:
+        """The model's parameter count, once its dataset and plugins exist and it is within max_parameters.
+        A plugin's model (or a model on a plugin's data) is not counted: it is built on the worker only."""
+        admitted = Admitted()
+        shape = self.dataset(spec.data, ("data", "dataset"), admitted)
+        if spec.model.is_plugin:
+            self.plugin("models", spec.model.arch, ("model", "arch"), ALL_ARCHS, admitted)
+        elif shape is not None:
+            admitted.parameters = n = model_size.parameter_count(spec.model, *shape)
+            if n > self.settings.max_parameters:
+                raise Invalid(f"{spec.model.arch} on {spec.data.dataset} has {n:,} parameters; the limit is "
+                              f"{self.settings.max_parameters:,} (TRAINYARD_MAX_PARAMETERS)", loc=("model",))
+        return admitted
+
+    def run(self, spec: RunJob) -> Admitted:
+        admitted = Admitted()
+        self.plugin("entrypoints", spec.entrypoint, ("entrypoint",), (), admitted)
+        return admitted
+
+    def predict(self, spec: PredictJob) -> Admitted:
+        """A predict job must name a succeeded job with a model, its inputs must have the model's width,
+        and its output (rows x probabilities per row) must stay within max_predict_values."""
+        admitted = Admitted()
+        model = self.model_of(spec.model_job)
+        if model.get("arch") not in ALL_ARCHS:
+            self.plugin("models", model["arch"], ("model_job",), ALL_ARCHS, admitted)
+        if spec.data is not None:
+            self.dataset(DataSpec(dataset=spec.data.dataset, params=spec.data.params), ("data", "dataset"), admitted)
+            return admitted
+        width = math.prod(model["input_shape"]) if model.get("input_shape") else None
+        if width is not None and len(spec.inputs[0]) != width:
+            raise Invalid(f"inputs rows have {len(spec.inputs[0])} values; model_job {spec.model_job} takes {width} "
+                          f"(input shape {list(model['input_shape'])})", loc=("inputs",))
+        classes = model.get("num_classes") or 0
+        per_row = min(spec.top_k, classes) if spec.top_k else classes
+        if len(spec.inputs) * per_row > self.settings.max_predict_values:
+            raise Invalid(f"{len(spec.inputs)} rows x {per_row} probabilities is over the limit of "
+                          f"{self.settings.max_predict_values:,} values a prediction returns "
+                          f"(TRAINYARD_MAX_PREDICT_VALUES); send fewer rows or set top_k", loc=("inputs",))
+        return admitted
+
+    def model_of(self, job_id: int) -> dict:
+        """What a model job's artifact holds: arch, input_shape, num_classes (from the job or its meta.json)."""
+        at = ("model_job",)
+        try:
+            job = queue.get_job(self.engine, job_id)
+        except NotFound:
+            raise Invalid(f"model_job {job_id} does not exist", loc=at) from None
+        if job.kind == "predict":
+            raise Invalid(f"model_job {job_id} is a predict job, not a train job (or a run job that saved a model)",
+                          loc=at)
+        if job.state != JobState.SUCCEEDED:
+            raise Invalid(f"model_job {job_id} is {job.state}; it must have succeeded", loc=at)
+        if job.kind == "train":
+            return {"arch": job.spec["model"]["arch"], **(job.result or {})}
+        meta = self.settings.layout.resolve(job.artifact_path or ".") / ARTIFACT_FILES["meta"]
+        try:
+            saved = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            saved = {}
+        if not (saved.get("model") or {}).get("arch") or not saved.get("input_shape"):
+            raise Invalid(f"model_job {job_id} is a run job that saved no model predict jobs can rebuild "
+                          "(ctx.save_model with arch, input_shape and class_names)", loc=at)
+        return {"arch": saved["model"]["arch"], "input_shape": saved["input_shape"], "num_classes": saved["num_classes"]}
+
+
+_WHAT = {"models": "architecture", "datasets": "dataset", "entrypoints": "entrypoint"}
+
+
+def admit(engine: Engine, settings: Settings, spec: TrainJob | PredictJob | RunJob) -> Admitted:
+    check = Check(engine, settings)
+    return {"train": check.train, "predict": check.predict, "run": check.run}[spec.kind](spec)

@@ -1,0 +1,175 @@
+"""Client commands: submit, jobs, status, watch, logs, cancel, retry, download, devices, workers, upload."""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.table import Table
+
+from trainyard.app.cli.output import (console, err, error, follow_bar, follow_lines, job_table, mib, progress_text, say_failure,
+                            show)
+from trainyard.app.client import TERMINAL, APIError, Client
+from trainyard.app.states import JobState
+
+
+def add_commands(sub) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="machine-readable output (errors too, on stderr)")
+    common.add_argument("--url", help="the API (default: TRAINYARD_URL or http://127.0.0.1:8000)")
+    common.add_argument("--token", help="bearer token (default: TRAINYARD_API_TOKEN)")
+
+    def add(name, fn, help):
+        sp = sub.add_parser(name, help=help, parents=[common])
+        sp.set_defaults(fn=lambda args: run(fn, args))
+        return sp
+
+    s = add("submit", cmd_submit, "submit a job from a JSON file ('-' for stdin)")
+    s.add_argument("file")
+    s.add_argument("--wait", action="store_true", help="wait until the job ends")
+    s.add_argument("--follow", action="store_true", help="show a live progress bar until the job ends")
+    j = add("jobs", cmd_jobs, "list jobs, newest first")
+    j.add_argument("--state")
+    j.add_argument("--kind")
+    j.add_argument("--limit", type=int, default=50)
+    for name, fn, help in (("status", cmd_status, "show a job"), ("cancel", cmd_cancel, "cancel a job"),
+                           ("retry", cmd_retry, "requeue a failed or cancelled job"),
+                           ("watch", cmd_watch, "show a job's live progress until it ends")):
+        add(name, fn, help).add_argument("id", type=int)
+    lg = add("logs", cmd_logs, "print a job's log")
+    lg.add_argument("id", type=int)
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    d = add("download", cmd_download, "download a train job's state_dict")
+    d.add_argument("id", type=int)
+    d.add_argument("-o", "--output", required=True)
+    d.add_argument("--format", choices=["safetensors", "pt", "meta"], default="safetensors")
+    add("devices", cmd_devices, "show CUDA devices, the CPU and their workers")
+    add("workers", cmd_workers, "list workers")
+    up = add("upload", cmd_upload, "upload a dataset (.csv, .npz, ImageFolder .zip)")
+    up.add_argument("file")
+    up.add_argument("--label-column", help="CSV: the column of class labels")
+
+
+def run(fn, args) -> int:
+    with Client(url=args.url, token=args.token) as client:
+        try:
+            return fn(client, args)
+        except APIError as exc:
+            return error(exc, args.json)
+
+
+def cmd_submit(client: Client, args) -> int:
+    try:
+        body = json.loads(Path(args.file).read_text()) if args.file != "-" else json.load(sys.stdin)
+    except (OSError, ValueError) as exc:
+        err.print(f"[red]cannot read a JSON job from {args.file}: {exc}[/red]", highlight=False)
+        return 2
+    job = client.submit(body)
+    if args.follow:
+        job = follow_bar(client, job["id"])
+    elif args.wait:
+        job = follow_lines(client, job["id"], quiet=args.json)
+        say_failure(job)
+    show(job, args.json, job_table)
+    return 0 if job["state"] not in (JobState.FAILED, JobState.CANCELLED) else 1
+
+
+def cmd_watch(client: Client, args) -> int:
+    job = follow_bar(client, args.id)
+    show(job, args.json, job_table)
+    return 0 if job["state"] == JobState.SUCCEEDED else 1
+
+
+def cmd_status(client: Client, args) -> int:
+    show(client.get(args.id), args.json, job_table)
+    return 0
+
+
+def cmd_cancel(client: Client, args) -> int:
+    show(client.cancel(args.id), args.json, job_table)
+    return 0
+
+
+def cmd_retry(client: Client, args) -> int:
+    show(client.retry(args.id), args.json, job_table)
+    return 0
+
+
+def cmd_jobs(client: Client, args) -> int:
+    page = client.list(state=args.state, kind=args.kind, limit=args.limit)
+
+    def render(page: dict) -> None:
+        t = Table("id", "kind", "name", "state", "device", "progress", "created")
+        for j in page["data"]:
+            t.add_row(str(j["id"]), j["kind"], j["name"] or "", j["state"], j["device"] or j["spec"]["device"],
+                      progress_text(j), j["created_at"][:19])
+        console.print(t)
+        console.print(f"{len(page['data'])} of {page['count']} jobs")
+
+    show(page, args.json, render)
+    return 0
+
+
+def cmd_logs(client: Client, args) -> int:
+    """The log so far; with -f, what the job prints next until it ends (the log only grows)."""
+    printed = 0
+    while True:
+        text = client.logs(args.id)
+        sys.stdout.write(text[printed:])
+        sys.stdout.flush()
+        printed = len(text)
+        if not args.follow or client.get(args.id)["state"] in TERMINAL and len(client.logs(args.id)) == printed:
+            return 0
+        time.sleep(0.5)
+
+
+def cmd_download(client: Client, args) -> int:
+    out = client.download(args.id, args.output, args.format)
+    size = out.stat().st_size
+    if args.json:
+        print(json.dumps({"path": str(out), "bytes": size}))
+    else:
+        err.print(f"wrote {out} ({size} bytes)", highlight=False)
+    return 0
+
+
+def cmd_devices(client: Client, args) -> int:
+    def render(d: dict) -> None:
+        console.print(f"CUDA available: {d['cuda_available']}  torch {d['torch_version']}  CUDA {d['cuda_version']}  "
+                      f"cuDNN {d['cudnn_version']}  driver {d['driver_version']}")
+        t = Table("device", "name", "cc", "used / total", "workers (torch allocated / reserved)")
+        for g in d["cuda_devices"]:
+            ws = ", ".join(f"{w['id']} {w['state']} job {w['job_id']} "
+                           f"({mib((w['torch'] or {}).get('memory_allocated'))} / "
+                           f"{mib((w['torch'] or {}).get('memory_reserved'))})" for w in g["workers"])
+            t.add_row(f"cuda:{g['index']}", g["name"], g["compute_capability"],
+                      f"{mib(g['memory_used'])} / {mib(g['memory_total'])}", ws or "-")
+        cpu = d["cpu"]
+        t.add_row("cpu", f"{cpu['cores']} cores", "",
+                  f"{mib(cpu['memory_total'] - (cpu['memory_available'] or 0))} / {mib(cpu['memory_total'])}",
+                  ", ".join(f"{w['id']} {w['state']} job {w['job_id']}" for w in cpu["workers"]) or "-")
+        console.print(t)
+
+    show(client.devices(), args.json, render)
+    return 0
+
+
+def cmd_workers(client: Client, args) -> int:
+    def render(ws: list) -> None:
+        t = Table("id", "host", "pid", "device", "state", "job", "heartbeat age (s)")
+        for w in ws:
+            t.add_row(w["id"], w["host"], str(w["pid"]), w["device"], w["state"], str(w["job_id"] or "-"),
+                      f"{w['last_heartbeat_age_s']:.1f}")
+        console.print(t)
+
+    show(client.workers(), args.json, render)
+    return 0
+
+
+def cmd_upload(client: Client, args) -> int:
+    def render(d: dict) -> None:
+        console.print(f"uploaded {d['name']} as {d['dataset']}: {d['samples']} samples of shape "
+                      f"{d['input_shape']}, {len(d['classes'])} classes")
+
+    show(client.upload(args.file, args.label_column), args.json, render)
+    return 0

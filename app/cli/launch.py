@@ -1,0 +1,58 @@
+"""Running the service: `serve` (the API), `worker` (one device), `up` (both, stopped together)."""
+import os
+import sys
+
+from trainyard.app import device_names
+from trainyard.app.settings import get_settings
+
+
+def add_commands(sub) -> None:
+    s = sub.add_parser("serve", help="run the API server")
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    s.add_argument("--log-level", default="info")
+    s.set_defaults(fn=cmd_serve)
+    w = sub.add_parser("worker", help="run a worker bound to one device")
+    w.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    w.add_argument("--burst", action="store_true", help="exit when the queue is empty")
+    w.add_argument("--max-jobs", type=int)
+    w.set_defaults(fn=cmd_worker)
+    u = sub.add_parser("up", help="run the server and one worker per GPU (or a CPU worker)")
+    u.add_argument("--host")
+    u.add_argument("--port", type=int)
+    u.add_argument("--cpu-workers", type=int, default=1, help="CPU workers to start when there is no GPU")
+    u.set_defaults(fn=cmd_up)
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from trainyard.app.api import create_app
+    settings = get_settings()
+    uvicorn.run(create_app(settings), host=args.host or settings.host, port=args.port or settings.port,
+                log_level=args.log_level)
+    return 0
+
+
+def cmd_worker(args) -> int:
+    # Imported here: client commands must not pay for the worker's imports.
+    from trainyard.worker.main import main as worker_main
+    return worker_main(get_settings(), args.device, burst=args.burst, max_jobs=args.max_jobs)
+
+
+def cmd_up(args) -> int:
+    """The server plus one worker per visible CUDA device (or CPU workers), stopped together on Ctrl-C."""
+    from trainyard.app.hardware import visible_cuda_count
+    from trainyard.app.launcher import Service
+    settings = get_settings()
+    n_gpus = visible_cuda_count()
+    devices = [device_names.cuda(i) for i in range(n_gpus)] if n_gpus else ["cpu"] * args.cpu_workers
+    svc = Service(dict(os.environ), args.port or settings.port, host=args.host or settings.host)
+    svc.start_server(wait=False, log_level="info")
+    for d in devices:
+        svc.start_worker(d, wait=False)
+    print(f"trainyard: API on http://{svc.host}:{svc.port} (docs at /docs), workers on {', '.join(devices)}; "
+          f"Ctrl-C stops all", file=sys.stderr)
+    code = svc.supervise()
+    svc.stop(settings.grace_s + 5)
+    return code

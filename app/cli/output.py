@@ -1,0 +1,145 @@
+"""How the CLI shows things: JSON for scripts, rich tables and a live progress bar for people."""
+import json
+import sys
+import time
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.table import Table
+
+from trainyard.app.client import APIError, Client, describe
+from trainyard.app.states import JobState
+
+console = Console()
+err = Console(stderr=True)
+
+
+def show(obj: Any, as_json: bool, render: Callable[[Any], None]) -> None:
+    if as_json:
+        print(json.dumps(obj, indent=2))
+    else:
+        render(obj)
+
+
+def error(exc: APIError, as_json: bool) -> int:
+    """Report a failed request on stderr; the exit code (2: unreachable, 1: refused)."""
+    if as_json:
+        print(json.dumps({"error": {"status_code": exc.status_code, "detail": exc.detail}}), file=sys.stderr)
+    elif exc.status_code == 0:
+        err.print(f"[red]{exc.detail}[/red]", highlight=False)
+    else:
+        err.print(f"[red]error {exc.status_code}: {describe(exc.detail)}[/red]", highlight=False)
+    return 2 if exc.status_code == 0 else 1
+
+
+def mib(n) -> str:
+    return f"{n / 2**20:.1f} MiB" if n is not None else "-"
+
+
+def progress_text(job: dict) -> str:
+    p, m = job["progress"], job.get("latest_metrics") or {}
+    if not p.get("epochs"):
+        return ""
+    acc = f" val_acc {m['val_accuracy']:.3f}" if m.get("val_accuracy") is not None else ""
+    loss = f" loss {m['train_loss']:.4f}" if m.get("train_loss") is not None else ""
+    return f"epoch {p['epoch']}/{p['epochs']}{loss}{acc}"
+
+
+def job_table(job: dict) -> None:
+    t = Table(show_header=False, box=None)
+    for key in ("id", "kind", "name", "state", "device", "worker_id", "attempt", "parameters", "created_at",
+                "started_at", "finished_at"):
+        t.add_row(key, str(job.get(key)))
+    t.add_row("progress", progress_text(job) or "-")
+    if job.get("peak_memory_allocated"):
+        t.add_row("peak memory", f"{mib(job['peak_memory_allocated'])} allocated, "
+                                 f"{mib(job['peak_memory_reserved'])} reserved")
+    if job.get("error"):
+        t.add_row("error", f"[{job['error'].get('class')}] {job['error']['type']}: {job['error']['message']}")
+    if job.get("result"):
+        t.add_row("result", json.dumps(job["result"]))
+    console.print(t)
+
+
+def stats_text(job: dict) -> str:
+    m = job.get("latest_metrics") or {}
+    parts = []
+    if m.get("train_loss") is not None:
+        parts.append(f"loss {m['train_loss']:.4f}")
+    if m.get("val_accuracy") is not None:
+        parts.append(f"val_acc {m['val_accuracy']:.3f}")
+    if m.get("samples_per_s"):
+        parts.append(f"{m['samples_per_s']:,.0f} samples/s")
+    if m.get("memory_allocated") is not None:
+        parts.append(f"mem {mib(m['memory_allocated'])} alloc / {mib(m.get('memory_reserved'))} reserved")
+    if job.get("device"):
+        parts.append(job["device"])
+    return "  ".join(parts)
+
+
+def follow(client: Client, job_id: int, on_change: Callable[[dict], None]) -> dict:
+    """Follow the job's event stream until it ends, calling on_change(job) after each event; the
+    ended job. A dropped connection is picked up again where it stopped (Last-Event-ID)."""
+    job: dict | None = None
+    failures_since, last_id = None, None
+    while True:
+        try:
+            for ev in client.events(job_id, last_id):
+                failures_since, last_id = None, ev.get("id") or last_id
+                if ev["event"] == "state":
+                    job = ev["data"]
+                elif ev["event"] == "epoch" and job is not None:
+                    metrics = ev["data"]
+                    job = {**job, "latest_metrics": metrics, "progress": {**job["progress"], "epoch": metrics["epoch"]}}
+                elif ev["event"] == "end":
+                    job = client.get(job_id)
+                    on_change(job)
+                    return job
+                if job is not None:
+                    on_change(job)
+        except APIError as exc:
+            if exc.status_code != 0:
+                raise
+            failures_since = failures_since or time.monotonic()
+            if time.monotonic() - failures_since > 30:
+                raise
+            time.sleep(1.0)
+
+
+def follow_bar(client: Client, job_id: int) -> dict:
+    """A live progress bar until the job ends: epoch of epochs, loss, accuracy, speed, device memory."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("job {task.fields[job]} [bold]{task.fields[state]:9}[/]"), BarColumn(),
+               MofNCompleteColumn(), TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=False) as progress:
+        task = progress.add_task("", total=None, job=job_id, state="", stats="")
+
+        def draw(job: dict) -> None:
+            p = job["progress"]
+            progress.update(task, total=p.get("epochs"), completed=p.get("epoch") or 0, state=job["state"],
+                            stats=stats_text(job))
+
+        job = follow(client, job_id, draw)
+    say_failure(job)
+    return job
+
+
+def follow_lines(client: Client, job_id: int, quiet: bool) -> dict:
+    """One line per change of state or progress until the job ends (for logs and dumb terminals)."""
+    last = None
+
+    def line(job: dict) -> None:
+        nonlocal last
+        text = f"job {job_id}: {job['state']} {progress_text(job)}"
+        if not quiet and text != last:
+            err.print(text, highlight=False)
+            last = text
+
+    return follow(client, job_id, line)
+
+
+def say_failure(job: dict) -> None:
+    if job["state"] == JobState.FAILED:
+        e = job["error"]
+        err.print(f"[red]job {job['id']} failed: [{e['class']}] {e['type']}: {e['message']}[/red]", highlight=False)

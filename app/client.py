@@ -1,0 +1,192 @@
+"""The Python client of the REST API: the one HTTP layer the CLI and scripts use.
+
+    from trainyard import Client
+    c = Client()                                  # TRAINYARD_URL, TRAINYARD_API_TOKEN
+    job = c.wait(c.submit(spec)["id"])
+    c.download(job["id"], "model.safetensors")
+
+Every method answers the JSON the server sends; an HTTP error raises APIError with its status
+code and the server's detail.
+"""
+from __future__ import annotations  # the method `list` shadows the builtin in annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from trainyard.app import states
+
+TERMINAL = tuple(s.value for s in states.TERMINAL)
+
+
+class APIError(Exception):
+    """The server answered with an error status (or could not be reached: status_code 0)."""
+
+    def __init__(self, status_code: int, detail: Any):
+        self.status_code, self.detail = status_code, detail
+        super().__init__(f"{status_code}: {describe(detail)}")
+
+
+def describe(detail: Any) -> str:
+    """A server's error detail as one line: validation errors become 'field.path: message; ...'."""
+    if isinstance(detail, list):
+        return "; ".join(f"{'.'.join(str(p) for p in d.get('loc', [])[1:]) or 'body'}: {d.get('msg')}"
+                         if isinstance(d, dict) else str(d) for d in detail)
+    return str(detail)
+
+
+class Client:
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
+        self.url = (url or os.environ.get("TRAINYARD_URL") or "http://127.0.0.1:8000").rstrip("/")
+        token = token if token is not None else os.environ.get("TRAINYARD_API_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, **kw) -> httpx.Response:
+        try:
+            r = self._http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise APIError(0, f"cannot reach trainyard at {self.url}: {exc}") from exc
+        check(r)
+        return r
+
+    # -- jobs -------------------------------------------------------------------------------------
+
+    def submit(self, spec: dict, idempotency_key: str | None = None) -> dict:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self.request("POST", "/jobs", json=spec, headers=headers).json()
+
+    def get(self, job_id: int) -> dict:
+        return self.request("GET", f"/jobs/{job_id}").json()
+
+    def list(self, **filters) -> dict:
+        """A page of jobs, newest first: {"data": [...], "count": n}; filters: state, kind, limit, offset."""
+        return self.request("GET", "/jobs", params={k: v for k, v in filters.items() if v is not None}).json()
+
+    def cancel(self, job_id: int) -> dict:
+        return self.request("POST", f"/jobs/{job_id}/cancel").json()
+
+    def retry(self, job_id: int) -> dict:
+        return self.request("POST", f"/jobs/{job_id}/retry").json()
+
+    def metrics(self, job_id: int) -> list[dict]:
+        return self.request("GET", f"/jobs/{job_id}/metrics").json()
+
+    def logs(self, job_id: int) -> str:
+        return self.request("GET", f"/jobs/{job_id}/logs").text
+
+    def result(self, job_id: int) -> dict:
+        return self.request("GET", f"/jobs/{job_id}/result").json()
+
+    def events(self, job_id: int, last_event_id: str | None = None) -> Iterator[dict]:
+        """The job's Server-Sent Events until it ends: {"event": "state"|"epoch"|"end", "id": ..., "data": {...}}.
+        After a dropped connection, pass the last event's id to get only what came since."""
+        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+        try:
+            with self._http.stream("GET", f"/jobs/{job_id}/events", headers=headers,
+                                   timeout=httpx.Timeout(30, read=None)) as r:
+                if r.is_error:
+                    r.read()
+                    check(r)
+                yield from parse_sse(r.iter_lines())
+        except httpx.TransportError as exc:
+            raise APIError(0, f"cannot reach trainyard at {self.url}: {exc}") from exc
+
+    def wait(self, job_id: int, timeout: float | None = None) -> dict:
+        """The job once it has ended (succeeded, failed or cancelled); TimeoutError after timeout seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.get(job_id)
+            if job["state"] in TERMINAL:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} is still {job['state']} after {timeout} s")
+            time.sleep(0.25)
+
+    def download(self, job_id: int, path: str | Path, format: str = "safetensors") -> Path:
+        """Stream a train job's artifact to path (written whole or not at all)."""
+        out = Path(path)
+        tmp = out.with_name(out.name + ".part")
+        try:
+            with self._http.stream("GET", f"/jobs/{job_id}/artifact", params={"format": format}) as r:
+                if r.is_error:
+                    r.read()
+                    check(r)
+                with open(tmp, "wb") as f:
+                    for chunk in r.iter_bytes():
+                        f.write(chunk)
+        except httpx.TransportError as exc:
+            tmp.unlink(missing_ok=True)
+            raise APIError(0, f"cannot reach trainyard at {self.url}: {exc}") from exc
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        os.replace(tmp, out)
+        return out
+
+    # -- the service ------------------------------------------------------------------------------
+
+    def devices(self) -> dict:
+        return self.request("GET", "/devices").json()
+
+    def workers(self) -> list[dict]:
+        return self.request("GET", "/workers").json()
+
+    def catalog(self) -> dict:
+        return self.request("GET", "/catalog").json()
+
+    def upload(self, path: str | Path, label_column: str | None = None) -> dict:
+        """Upload a dataset (.csv with label_column, .npz, ImageFolder .zip); name it in jobs as upload:<id>."""
+        path = Path(path)
+        data = {"label_column": label_column} if label_column is not None else None
+        with open(path, "rb") as f:
+            return self.request("POST", "/datasets", files={"file": (path.name, f)}, data=data,
+                                timeout=httpx.Timeout(30, write=None, read=600)).json()
+
+    def datasets(self) -> dict:
+        return self.request("GET", "/datasets").json()
+
+
+def check(r: httpx.Response) -> None:
+    if r.status_code < 400:
+        return
+    try:
+        detail = r.json().get("detail", r.text)
+    except (ValueError, AttributeError):
+        detail = r.text
+    raise APIError(r.status_code, detail)
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[dict]:
+    """Server-Sent Events from text lines: each event's name, id and JSON data."""
+    event: dict[str, Any] = {}
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield {"event": event.get("event", "message"), "id": event.get("id"),
+                       "data": json.loads("\n".join(data))}
+            event, data = {}, []
+        elif line.startswith(":"):
+            continue
+        else:
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field == "data":
+                data.append(value)
+            elif field in ("event", "id"):
+                event[field] = value

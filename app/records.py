@@ -1,0 +1,55 @@
+"""The job record: one row of the jobs table as a frozen, typed object that crosses every seam
+(queue -> API, queue -> supervisor -> job process). Plain types only, so pickling one into a job
+process does not drag SQLAlchemy along."""
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from trainyard.app.states import JobState
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: int
+    kind: str
+    name: str | None
+    state: JobState
+    spec: dict[str, Any]
+    device_req: str
+    priority: int
+    max_attempts: int
+    timeout_s: float | None
+    idempotency_key: str | None
+    attempt: int                # runs that used up an attempt
+    claim: int                  # the fencing token: grows on every claim
+    worker_id: str | None
+    device: str | None
+    lease_expires_at: float | None
+    created_at: float
+    started_at: float | None
+    finished_at: float | None
+    epoch: int | None
+    epochs: int | None
+    latest_metrics: dict[str, Any] | None
+    peak_memory_allocated: int | None
+    peak_memory_reserved: int | None
+    parameters: int | None
+    need_model: str | None
+    need_dataset: str | None
+    need_entrypoint: str | None
+    checkpoint_path: str | None  # relative to the data dir
+    checkpoint_epoch: int | None
+    artifact_path: str | None    # relative to the data dir: the run dir of the run that succeeded
+    result: dict[str, Any] | None
+    error: dict[str, Any] | None
+    errors: list[dict[str, Any]]
+
+    @classmethod
+    def from_row(cls, row) -> "Job":
+        m = row._mapping
+        values = {f.name: m[f.name] for f in fields(cls)}
+        values["state"] = JobState(values["state"])
+        values["errors"] = values["errors"] or []
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,42 @@
+"""Job states and failure classes, defined once (str enums: the JSON and the database hold the same strings)."""
+from enum import Enum
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TERMINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class Failure(str, Enum):
+    """Why a run failed; the class decides whether the job is tried again."""
+    JOB = "job"                        # the job's own error (a spec that does not fit the data, a NaN loss)
+    INFRASTRUCTURE = "infrastructure"  # its worker was lost (lease expired): tried again
+    OOM = "oom"                        # out of memory (CUDA, or the job's host-memory budget)
+    CRASHED = "crashed"                # the job process died by a signal or exited without a word
+    TIMEOUT = "timeout"                # past the job's timeout_s
+    CANCELLED = "cancelled"            # by request
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# Only a lost worker is retried automatically: the job's own error, an out-of-memory or a crash
+# would fail the same way again.
+RETRYABLE = frozenset({Failure.INFRASTRUCTURE})
+
+
+def error_record(cls: Failure, type_: str, message: str, traceback: str | None = None) -> dict:
+    """A failed run's error, as the job row, the API and the logs carry it."""
+    record = {"class": cls.value, "type": type_, "message": message}
+    if traceback:
+        record["traceback"] = traceback
+    return record

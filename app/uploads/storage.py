@@ -1,0 +1,140 @@
+"""Uploaded datasets on disk: store one (parsed, normalised, compressed, within the quotas), read,
+list and delete them. The layout is app/layout.py's: datasets/uploads/<id>/ with data.npz and meta.json.
+
+The id is made here; the client's filename is kept only as a display name, never as a path. A
+dataset appears whole or not at all (written to a hidden directory, then renamed), and the quota
+check and that rename happen under one lock, so two uploads cannot both slip under the quota.
+"""
+import json
+import os
+import re
+import secrets
+import shutil
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from trainyard.app.errors import NotFound
+from trainyard.app.layout import UPLOAD_DATA_FILE, UPLOAD_META_FILE, Layout, locked
+from trainyard.app.uploads.csv_format import parse_csv
+from trainyard.app.uploads.limits import ACCEPTED, PARSE_SLOTS, Limits, refuse, size
+from trainyard.app.uploads.npz_format import parse_npz
+from trainyard.app.uploads.zip_format import parse_imagefolder
+
+EXTENSIONS = {".csv": "csv", ".npz": "npz", ".zip": "imagefolder"}
+# Decoded uploads are the server's largest allocations: at most this many at once.
+_parsing = threading.BoundedSemaphore(PARSE_SLOTS)
+
+
+def store(f: BinaryIO, filename: str | None, data_dir: Path, label_column: str | None = None,
+          limits: Limits = Limits()) -> dict:
+    """Validate the uploaded file (seekable, e.g. UploadFile.file), store it normalised, return its meta."""
+    kind = _format_of(filename)
+    nbytes = f.seek(0, os.SEEK_END)
+    if nbytes == 0:
+        raise refuse("file", "is empty")
+    if nbytes > limits.max_upload_bytes:
+        raise refuse("file", f"is {size(nbytes)}, over the upload limit of {size(limits.max_upload_bytes)} "
+                             "(TRAINYARD_MAX_UPLOAD_BYTES)", too_large=True)
+    if kind != "csv" and label_column is not None:
+        raise refuse("label_column", f"applies to .csv uploads only; a {kind} upload carries its labels")
+    f.seek(0)
+    with _parsing:
+        if kind == "csv":
+            x, y, classes = parse_csv(f, label_column, limits)
+        elif kind == "npz":
+            x, y, classes = parse_npz(f, limits, nbytes)
+        else:
+            x, y, classes = parse_imagefolder(f, limits, nbytes)
+        meta = {"name": _display_name(filename), "format": kind, "samples": int(len(y)),
+                "input_shape": list(x.shape[1:]), "classes": classes, "label_column": label_column,
+                "pixels": bool(x.dtype == np.uint8 and x.ndim == 4), "bytes": nbytes}
+        return _write(Layout(data_dir), x, y, meta, limits)
+
+
+def _write(layout: Layout, x: np.ndarray, y: np.ndarray, meta: dict, limits: Limits) -> dict:
+    upload_id = secrets.token_hex(8)
+    final = layout.upload(upload_id)
+    tmp = final.parent / f".tmp-{upload_id}"
+    tmp.mkdir(parents=True)
+    try:
+        with open(tmp / UPLOAD_DATA_FILE, "wb") as out:
+            np.savez_compressed(out, x=x, y=y)
+            out.flush()
+            os.fsync(out.fileno())
+        meta = {"id": upload_id, **meta, "created_at": datetime.now(timezone.utc).isoformat(),
+                "stored_bytes": (tmp / UPLOAD_DATA_FILE).stat().st_size}
+        (tmp / UPLOAD_META_FILE).write_text(json.dumps(meta, indent=1))
+        with locked(layout.dataset_lock("uploads")):  # a file lock: several servers may share the data dir
+            _check_quota(layout, meta["stored_bytes"], limits)
+            os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta
+
+
+def _check_quota(layout: Layout, adding: int, limits: Limits) -> None:
+    metas = list_all(layout.root)
+    if len(metas) >= limits.max_uploads:
+        raise refuse("file", f"would be upload number {len(metas) + 1}; at most {limits.max_uploads} are kept "
+                             "(TRAINYARD_MAX_UPLOADS): delete some first (DELETE /datasets/<id>)", too_large=True)
+    used = sum(m["stored_bytes"] for m in metas)
+    if used + adding > limits.quota_bytes:
+        raise refuse("file", f"stores as {size(adding)}; uploads already take {size(used)} of the "
+                             f"{size(limits.quota_bytes)} quota (TRAINYARD_UPLOAD_QUOTA_BYTES): delete some first "
+                             "(DELETE /datasets/<id>)", too_large=True)
+
+
+def upload_dir(data_dir: Path, upload_id: str) -> Path:
+    return Layout(data_dir).upload(upload_id)
+
+
+def get(data_dir: Path, upload_id: str) -> dict:
+    try:
+        return json.loads((upload_dir(data_dir, upload_id) / UPLOAD_META_FILE).read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        raise NotFound(f"no uploaded dataset {upload_id!r}") from None
+
+
+def list_all(data_dir: Path) -> list[dict]:
+    """Newest first. Half-written (.tmp-*) and half-deleted (.del-*) directories are not listed."""
+    root = Layout(data_dir).uploads()
+    metas = []
+    for entry in root.iterdir() if root.is_dir() else ():
+        if re.fullmatch(r"[a-z0-9]{1,64}", entry.name):
+            try:
+                metas.append(get(data_dir, entry.name))
+            except NotFound:  # deleted while we looked
+                pass
+    return sorted(metas, key=lambda m: m["created_at"], reverse=True)
+
+
+def delete(data_dir: Path, upload_id: str) -> None:
+    """Remove an uploaded dataset. Jobs that name it are not checked: queued or running jobs that still
+    have to load it fail with a JobError saying it was deleted (a job that has loaded it is unaffected)."""
+    folder = upload_dir(data_dir, upload_id)
+    doomed = folder.parent / f".del-{upload_id}-{time.time_ns()}"
+    try:
+        os.replace(folder, doomed)  # gone from the listing at once, even if the removal below is slow
+    except FileNotFoundError:
+        raise NotFound(f"no uploaded dataset {upload_id!r}") from None
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _format_of(filename: str | None) -> str:
+    name = (filename or "").lower()
+    for ext, kind in EXTENSIONS.items():
+        if name.endswith(ext):
+            return kind
+    shown = repr(_display_name(filename)) if filename else "the file has no name; it"
+    raise refuse("file", f"{shown} has an unknown extension; accepted: {ACCEPTED}")
+
+
+def _display_name(filename: str | None) -> str:
+    base = re.split(r"[\\/]", filename or "")[-1]
+    return re.sub(r"[^\w.\-+() ]", "_", base).strip()[:200] or "upload"

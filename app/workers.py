@@ -1,0 +1,45 @@
+"""The worker registry: workers register, heartbeat with their state and device stats, and are judged lost.
+
+Not the queue: nothing here changes a job. The supervisor writes, the API and monitoring read.
+"""
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.engine import Engine
+
+from trainyard.app.db import db_now, read, workers, write
+
+LIVE = ("idle", "busy")
+
+
+def register_worker(engine: Engine, worker_id: str, host: str, pid: int, device: str, stats: dict) -> None:
+    with write(engine) as conn:
+        conn.execute(insert(workers).values(id=worker_id, host=host, pid=pid, device=device, state="idle",
+                                            stats=stats, started_at=db_now(), last_heartbeat=db_now()))
+
+
+def worker_heartbeat(engine: Engine, worker_id: str, state: str, job_id: int | None,
+                     stats: dict | None = None) -> None:
+    values: dict[str, Any] = dict(state=state, job_id=job_id, last_heartbeat=db_now())
+    if stats is not None:
+        values["stats"] = stats
+    with write(engine) as conn:
+        conn.execute(update(workers).where(workers.c.id == worker_id).values(**values))
+
+
+def list_workers(engine: Engine, include_stopped: bool = False) -> tuple[list[dict], float]:
+    """Workers and the database's current time (to judge heartbeat age)."""
+    with read(engine) as conn:
+        now = conn.execute(select(db_now())).scalar_one()
+        q = select(workers).order_by(workers.c.started_at)
+        if not include_stopped:
+            q = q.where(workers.c.state != "stopped")
+        rows = conn.execute(q).all()
+    return [{str(k): v for k, v in r._mapping.items()} for r in rows], now
+
+
+def worker_state(worker: dict, now: float, stale_after_s: float) -> str:
+    """A worker's state as others should read it: 'lost' once it has missed a lease's worth of heartbeats."""
+    if worker["state"] != "stopped" and now - worker["last_heartbeat"] > stale_after_s:
+        return "lost"
+    return worker["state"]

@@ -1,0 +1,77 @@
+"""The worker loop in this process (Worker(burst=True)): claim, plan, supervise, record, for each ending
+a job can have. Job processes are real (forked from the worker's fork server); no server, no CLI."""
+import pytest
+
+from trainyard.app import queue
+from trainyard.app.db import create_all, make_engine
+from trainyard.app.settings import Settings
+from trainyard.app.spec import parse_spec
+from tests.conftest import slow_job, tiny_job
+from trainyard.worker.main import Worker
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return Settings(data_dir=tmp_path / "data", lease_s=5, heartbeat_s=0.5)
+
+
+def submit(settings, body) -> int:
+    engine = make_engine(settings.db_url)
+    create_all(engine)
+    job, _ = queue.enqueue(engine, parse_spec(body))
+    engine.dispose()
+    return job.id
+
+
+def run_burst(settings, **kw) -> Worker:
+    worker = Worker(settings, "cpu", burst=True, **kw)
+    assert worker.run() == 0
+    return worker
+
+
+def test_burst_runs_every_kind_of_ending_then_stops(settings):
+    settings.ensure_dirs()
+    ok = submit(settings, tiny_job(epochs=3))
+    diverges = submit(settings, {**tiny_job(), "model": {"arch": "mlp", "hidden": [256, 256, 256]},
+                                 "train": {"epochs": 20, "batch_size": 8, "optimizer": "sgd", "lr": 10.0, "momentum": 0.99}})
+    times_out = submit(settings, {**slow_job(epochs=200), "timeout_s": 1})
+    predict = submit(settings, {"kind": "predict", "model_job": ok, "inputs": [[5.1, 3.5, 1.4, 0.2]]})
+    orphan = submit(settings, {"kind": "predict", "model_job": times_out, "inputs": [[1.0, 2.0, 3.0, 4.0]]})
+    worker = run_burst(settings)
+    assert worker.jobs_done == 5
+    engine = make_engine(settings.db_url)
+    jobs = {i: queue.get_job(engine, i) for i in (ok, diverges, times_out, predict, orphan)}
+    assert jobs[ok].state == "succeeded" and jobs[ok].epoch == 3 and jobs[ok].artifact_path
+    assert [m["epoch"] for m in queue.get_metrics(engine, ok)] == [1, 2, 3]
+    assert not settings.layout.checkpoints(ok).exists()  # a succeeded job's checkpoints are freed
+    assert jobs[diverges].state == "failed" and jobs[diverges].error["class"] == "job"
+    assert jobs[times_out].state == "failed" and jobs[times_out].error["class"] == "timeout"
+    assert jobs[predict].state == "succeeded" and jobs[predict].result["predictions"] == 1
+    assert (settings.layout.resolve(jobs[predict].artifact_path) / "result.json").is_file()
+    # Its model job never succeeded: no artifact to load, the job's own failure.
+    assert jobs[orphan].state == "failed" and "no artifact" in jobs[orphan].error["message"]
+    log = settings.layout.log(ok).read_text()
+    assert "job process pid" in log and "memory budget" in log and "peak memory" in log
+
+
+def test_max_jobs_and_a_worker_that_is_shut_down_mid_job(settings):
+    settings.ensure_dirs()
+    first, second = submit(settings, tiny_job()), submit(settings, tiny_job())
+    assert run_burst(settings, max_jobs=1).jobs_done == 1
+    engine = make_engine(settings.db_url)
+    assert queue.get_job(engine, first).state == "succeeded" and queue.get_job(engine, second).state == "queued"
+
+    long = submit(settings, slow_job(epochs=200))
+    worker = Worker(settings, "cpu", burst=True)
+    original = worker.housekeeping
+
+    def stop_once_running(state, job_id):  # as a SIGTERM would: the flag, seen at the next beat
+        if state == "busy" and queue.get_job(engine, long).checkpoint_epoch:
+            worker.stopping = True
+        original(state, job_id)
+
+    worker.housekeeping = stop_once_running
+    worker.run()
+    back = queue.get_job(engine, long)
+    assert back.state == "queued" and back.attempt == 0 and back.checkpoint_epoch >= 1
+    assert "requeued without using an attempt" in settings.layout.log(long).read_text()

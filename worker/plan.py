@@ -1,0 +1,25 @@
+"""What a job process must do, decided by its supervisor: a frozen, picklable plan (torch-free).
+
+The supervisor knows the database, the layout and the host; the job process knows only its plan,
+so it can be run and tested in-process without either.
+"""
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainyard.app.records import Job
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    job: Job
+    device: str                      # the worker's device: "cpu" or "cuda:N"
+    data_dir: Path
+    run_dir: Path                    # this run's artifact (train) or result (predict)
+    checkpoint_stem: Path            # this run's checkpoints are files beside it
+    resume_from: Path | None = None  # the checkpoint the database points at
+    threads: int | None = None       # torch threads (CPU jobs: the host's cores shared among its workers)
+    memory_budget: int | None = None  # host bytes the job process may add (enforced on CPU jobs)
+    gpu_memory_fraction: float | None = None
+    model_dir: Path | None = None    # predict: the train job's artifact
+    model_spec: dict | None = None   # predict: the train job's spec (None for a run job's model)
+    log_path: Path | None = None     # what the job process prints is appended here

@@ -1,0 +1,184 @@
+"""trainyard.Context: what your own training program gets when trainyard runs it as a `run` job.
+
+    def main(ctx: trainyard.Context, config: dict) -> dict | None:
+        state = ctx.restore()                      # the last checkpoint, after a crash or a preemption
+        start = state["epoch"] if state else 0
+        for epoch in range(start + 1, config["epochs"] + 1):
+            ...                                    # train on ctx.device
+            ctx.report(epoch, loss=loss)           # metrics, SSE, dashboard curves, CLI progress
+            ctx.checkpoint({"epoch": epoch, "model": model.state_dict(), ...})
+            if ctx.should_stop():                  # shutdown, cancel or timeout
+                return None
+        ctx.save_model(model, arch="mynet", input_shape=[3, 32, 32], class_names=classes)
+        return {"accuracy": acc}
+
+The same program runs outside trainyard with Context.local(), which keeps everything in memory
+and a temporary directory: handy for a first try, and what bench/run_overhead.py measures against.
+"""
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainyard.app.spec import ModelSpec
+from trainyard.worker import artifacts, nets, torch_devices
+from trainyard.worker.context import JobContext, JobError
+
+# Types a checkpoint may hold: restore() loads it with torch.load(weights_only=True), nothing unpickled.
+_PLAIN = (torch.Tensor, int, float, bool, str, bytes, type(None), torch.Size, torch.dtype, torch.device)
+
+
+class Context:
+    def __init__(self, job: JobContext, config: dict[str, Any], attempt: int = 1):
+        self._job = job
+        self.config = config
+        self.attempt = attempt
+        self._last_epoch = 0
+        self._checkpoints = 0
+        self._resumed_epoch: int | None = None
+
+    # -- who, where ---------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self._job.device
+
+    @property
+    def job_id(self) -> int:
+        return self._job.job_id
+
+    @property
+    def data_dir(self) -> Path:
+        return self._job.data_dir
+
+    # -- progress -----------------------------------------------------------------------------
+
+    def report(self, epoch: int, **metrics: float) -> None:
+        """One record of numbers per epoch (epochs count from 1). On CUDA the allocator's memory is added."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
+            raise ValueError(f"report: epoch must be a whole number from 1, not {epoch!r}")
+        for key, value in metrics.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"report: metric {key!r} must be a finite number, not {value!r}")
+        self._last_epoch = epoch
+        self._job.emit({"type": "epoch", "epoch": epoch, **metrics, **(torch_devices.memory_stats(self.device) or {})})
+
+    def set_total(self, epochs: int) -> None:
+        """How many epochs to expect: the denominator of the job's progress."""
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise ValueError(f"set_total: epochs must be a whole number from 1, not {epochs!r}")
+        self._job.emit({"type": "total", "epochs": epochs})
+
+    def log(self, message: str) -> None:
+        self._job.log(str(message))
+
+    def should_stop(self) -> bool:
+        """True once the job must stop: its worker is shutting down, it was cancelled or ran out of time.
+        Checkpoint and return: the job is requeued (shutdown) or ends as cancelled or timed out."""
+        return self._job.stop_requested()
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def checkpoint(self, state: dict[str, Any]) -> None:
+        """Save state (tensors and plain data: numbers, strings, lists, dicts) atomically. A resumed run
+        gets the latest back from restore(); epochs reported after it are run and reported again."""
+        _check_plain(state, "state")
+        self._checkpoints += 1
+        path = self._job.checkpoint_file(self._last_epoch, self._checkpoints)
+        artifacts.save_checkpoint(path, state)
+        self._job.emit({"type": "checkpoint", "epoch": self._last_epoch, "step": self._checkpoints, "path": str(path)})
+
+    def restore(self) -> dict[str, Any] | None:
+        """The latest checkpoint of an earlier run of this job, loaded onto ctx.device; None if there is none."""
+        path = self._job.resume_path
+        if path is None or not path.exists():
+            return None
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        return state
+
+    # -- the artifact -------------------------------------------------------------------------
+
+    def save_model(self, model: nn.Module | dict[str, torch.Tensor], **meta: Any) -> None:
+        """The job's artifact: the weights (safetensors and torch.save) and meta.json, downloadable like
+        a train job's. With arch (built-in or a model plugin, plus its params or fields), input_shape and
+        class_names (or num_classes), predict jobs rebuild it; name `dataset` (a built-in's scaling) or
+        `pixels` (0..255 images) for raw inputs to be scaled like its training data."""
+        extra = {k: v for k, v in meta.items() if k not in _MODEL_KEYS}
+        try:
+            json.dumps(extra)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"save_model: meta must be JSON: {e}") from None
+        info = {"meta": extra, "precision": "fp32"}
+        if "arch" in meta:
+            info.update(self._rebuildable(model, meta))
+        artifacts.save_artifact(self._job.artifact_dir, model, info)
+
+    def _rebuildable(self, model, meta: dict[str, Any]) -> dict[str, Any]:
+        """The meta predict jobs rebuild the model from, once it is proven to rebuild these weights."""
+        class_names = [str(c) for c in meta.get("class_names") or []]
+        num_classes = int(meta.get("num_classes") or len(class_names))
+        fields = {k: v for k, v in meta.items() if k in ModelSpec.model_fields and k != "num_classes"}
+        spec = ModelSpec.model_validate(fields)
+        input_shape = [int(n) for n in meta.get("input_shape") or []]
+        if not input_shape or num_classes < 2:
+            raise ValueError("save_model: arch needs input_shape and class_names (or num_classes >= 2)")
+        state = artifacts.cpu_state_dict(model) if isinstance(model, nn.Module) else model
+        try:
+            nets.build_model(spec, tuple(input_shape), num_classes).load_state_dict(state)
+        except (RuntimeError, JobError) as e:
+            raise ValueError(f"save_model: {spec.arch} with input_shape {input_shape} and {num_classes} classes does "
+                             f"not take these weights: {str(e).splitlines()[0]}") from None
+        return {"model": spec.model_dump(mode="json"), "input_shape": input_shape, "num_classes": num_classes,
+                "class_names": class_names, "dataset": meta.get("dataset"), "pixels": meta.get("pixels")}
+
+    # -- outside trainyard --------------------------------------------------------------------
+
+    @classmethod
+    def local(cls, config: dict[str, Any] | None = None, device: str = "cpu", data_dir: Path | None = None,
+              resume_from: Path | None = None) -> "Context":
+        """A Context for running an entrypoint in this process: reports go to `reported` and stdout,
+        checkpoints and the artifact to a temporary directory (`directory`)."""
+        root = Path(tempfile.mkdtemp(prefix="trainyard-local-"))
+        events: list[dict] = []
+
+        def emit(event: dict) -> None:
+            events.append(event)
+            if event["type"] in ("log", "epoch"):
+                print(event.get("line") or {k: v for k, v in event.items() if k != "type"}, file=sys.stderr)
+
+        job = JobContext(job_id=0, device=torch.device(device), data_dir=data_dir or root / "data",
+                         artifact_dir=root / "artifact", checkpoint_path=root / "checkpoints" / "run.pt",
+                         resume_path=resume_from, emit=emit)
+        ctx = cls(job, config or {})
+        ctx.directory, ctx.events = root, events
+        return ctx
+
+    @property
+    def reported(self) -> list[dict]:
+        """Context.local(): every report so far."""
+        return [e for e in getattr(self, "events", []) if e["type"] == "epoch"]
+
+
+_MODEL_KEYS = {"arch", "params", "input_shape", "class_names", "num_classes", "dataset", "pixels",
+               *ModelSpec.model_fields}
+
+
+def _check_plain(value: Any, where: str, depth: int = 0) -> None:
+    if depth > 50:
+        raise ValueError(f"checkpoint: {where} is nested too deeply")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, (str, int)):
+                raise ValueError(f"checkpoint: {where} has a key of type {type(k).__name__}")
+            _check_plain(v, f"{where}[{k!r}]", depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_plain(v, f"{where}[{i}]", depth + 1)
+    elif not isinstance(value, _PLAIN):
+        raise ValueError(f"checkpoint: {where} is a {type(value).__name__}; a checkpoint holds tensors and plain "
+                         "data (numbers, strings, lists, dicts), so that restoring it unpickles nothing")

@@ -1,0 +1,229 @@
+"""One job process under its supervisor: renew the lease, check the fence, watch its memory, stop it
+on shutdown, cancel or timeout, and turn its events into fenced writes. Torch-free.
+
+Every write goes through the queue fenced by the claim the job was taken with: when one changes
+nothing, the job is no longer ours (cancelled, or taken over after our lease ran out) and our copy
+is stopped at once.
+"""
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainyard.app import queue
+from trainyard.app.states import Failure, error_record
+from trainyard.worker import memory
+from trainyard.worker.plan import JobPlan
+
+if TYPE_CHECKING:
+    from trainyard.worker.main import Worker
+
+log = logging.getLogger("trainyard.worker")
+
+# How often a running job's row is re-read: a cancel must stop the job process within 2 seconds.
+FENCE_CHECK_S = 0.25
+# Time a cancelled or timed-out job process gets to exit on SIGTERM before SIGKILL.
+KILL_GRACE_S = 1.0
+PROGRESS = ("epoch", "checkpoint", "total")
+
+
+@dataclass
+class JobRun:
+    """One job process and what its supervisor has decided about it so far."""
+    worker: "Worker"
+    plan: JobPlan
+    proc: Any
+    conn: Any
+    log_path: Path
+    started: float = field(default_factory=time.monotonic)
+    outcome: str | None = None          # succeeded / failed / queued / lost
+    stop_reason: str | None = None      # why we are stopping the process: shutdown, timeout, memory
+    stop_deadline: float | None = None
+    checkpoint: str | None = None       # the latest recorded checkpoint: older ones are deleted
+    watch: memory.Watch | None = None
+
+    def __post_init__(self) -> None:
+        self.checkpoint = str(self.plan.resume_from) if self.plan.resume_from else None
+        if self.plan.memory_budget:
+            self.watch = memory.Watch(self.proc.pid, self.plan.memory_budget)
+
+    @property
+    def job(self):
+        return self.plan.job
+
+    def db(self, fn, *args):
+        """A fenced queue call for this job: fn(engine, job_id, claim, *args)."""
+        return self.worker.db(fn, self.job.id, self.job.claim, *args)
+
+    def log(self, line: str) -> None:
+        with open(self.log_path, "a", encoding="utf-8") as f:
+            f.write(line.rstrip("\n") + "\n")
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def supervise(self) -> None:
+        next_fence = next_renew = time.monotonic()
+        settings = self.worker.settings
+        while True:
+            self.drain(wait=0.05)
+            if self.outcome is not None:
+                break
+            if not self.proc.is_alive():
+                self.drain(wait=0)
+                if self.outcome is None:
+                    self.child_died()
+                break
+            now = time.monotonic()
+            self.check_stops(now)
+            if now >= next_fence:
+                next_fence = now + FENCE_CHECK_S
+                if self.watch is not None and self.watch.over() and self.stop_reason != "memory":
+                    self.begin_stop("memory", 0)
+                if not self.db(queue.still_ours):
+                    self.lost()
+                    break
+            if now >= next_renew:
+                next_renew = now + settings.heartbeat_s
+                if not self.db(queue.renew, settings.lease_s):
+                    self.lost()
+                    break
+                self.worker.housekeeping(state="busy", job_id=self.job.id)
+        self.proc.join(timeout=5)
+
+    def check_stops(self, now: float) -> None:
+        if self.worker.stopping and self.stop_reason is None:
+            self.begin_stop("shutdown", self.worker.settings.grace_s)
+        timeout = self.job.timeout_s
+        if timeout and now - self.started > timeout and self.stop_reason is None:
+            self.begin_stop("timeout", KILL_GRACE_S)
+        if self.stop_deadline is not None and now > self.stop_deadline:
+            self.kill()
+
+    # -- stopping ---------------------------------------------------------------------------------
+
+    def begin_stop(self, reason: str, grace: float) -> None:
+        """SIGTERM now (the job checkpoints at its next step), SIGKILL after grace; memory: SIGKILL now."""
+        self.stop_reason = reason
+        self.stop_deadline = time.monotonic() + grace
+        self.log(f"stopping the job process ({reason})")
+        if reason == "memory":
+            self.kill()
+        elif self.proc.is_alive():
+            os.kill(self.proc.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5)
+
+    def stop_now(self) -> None:
+        if self.proc.is_alive():
+            os.kill(self.proc.pid, signal.SIGTERM)
+            self.proc.join(timeout=KILL_GRACE_S)
+        self.kill()
+
+    def lost(self) -> None:
+        """The job was cancelled or taken over by another worker: stop our copy, write nothing."""
+        self.stop_now()
+        self.outcome = "lost"
+        self.log("job is no longer ours (cancelled or taken over): process stopped")
+
+    # -- endings ----------------------------------------------------------------------------------
+
+    def child_died(self) -> None:
+        """The job process exited without reporting a result: stopped by us, or died on its own while
+        its worker lives (then it is the job's failure, never retried as if the host had failed)."""
+        if self.stop_reason == "memory":
+            return self.fail(error_record(Failure.OOM, "MemoryBudgetExceeded", memory.budget_message(
+                self.plan.memory_budget, self.watch.grown, "; the worker stopped it")))
+        if self.stop_reason is not None:
+            return self.stopped()
+        code = self.proc.exitcode
+        if code == -signal.SIGKILL:
+            seen = f"; it used {memory.gib(self.watch.grown)} (budget {memory.gib(self.plan.memory_budget)})" \
+                if self.watch else ""
+            return self.fail(error_record(Failure.OOM, "KilledByKernel", "the job process was killed (SIGKILL) "
+                                          f"without its worker asking, most likely out of host memory{seen}"))
+        how = f"died of signal {signal.Signals(-code).name}" if code is not None and code < 0 \
+            else f"exited with code {code}"
+        self.fail(error_record(Failure.CRASHED, "JobProcessDied", f"the job process {how} without reporting a result"))
+
+    def stopped(self) -> None:
+        """The job process was stopped (it checkpointed first if it could): why decides what follows.
+        A SIGTERM we did not send (systemd, a container runtime signalling every process) is a shutdown."""
+        if self.stop_reason in (None, "shutdown"):
+            self.outcome = "queued" if self.db(queue.requeue_preempted) else "lost"
+            self.log("requeued without using an attempt (worker shutting down)")
+        else:
+            self.fail(error_record(Failure.TIMEOUT, "Timeout",
+                                   f"the job ran past its timeout_s of {self.job.timeout_s} s and was stopped"))
+
+    def fail(self, error: dict) -> None:
+        self.log(f"{error['type']}: {error['message']}")
+        self.outcome = self.db(queue.fail, error) or "lost"
+
+    # -- events -----------------------------------------------------------------------------------
+
+    def drain(self, wait: float) -> None:
+        events = []
+        try:
+            while len(events) < 1000 and self.conn.poll(wait):
+                wait = 0
+                events.append(self.conn.recv())
+        except (EOFError, OSError):
+            pass  # the job process is gone; supervise() notices through is_alive()
+        # Progress (epochs, checkpoints) is written in one transaction per look at the pipe: a fast
+        # job's hundred epochs a second must not become a hundred database commits a second.
+        progress: list[dict] = []
+        for event in events:
+            if self.outcome is not None:
+                break
+            if event.get("type") in PROGRESS:
+                progress.append(event)
+                continue
+            self.record_progress(progress)
+            progress = []
+            if self.outcome is None:
+                self.handle(event)
+        if self.outcome is None:
+            self.record_progress(progress)
+
+    def record_progress(self, events: list[dict]) -> None:
+        if not events:
+            return
+        epochs = [(e["epoch"], {k: v for k, v in e.items() if k not in ("type", "epoch")})
+                  for e in events if e["type"] == "epoch"]
+        checkpoints = [e for e in events if e["type"] == "checkpoint"]
+        totals = [e["epochs"] for e in events if e["type"] == "total"]
+        latest = checkpoints[-1] if checkpoints else None
+        layout = self.worker.settings.layout
+        ckpt = (latest["epoch"], layout.rel(latest["path"])) if latest else None
+        if not self.db(queue.record_progress, epochs, ckpt, totals[-1] if totals else None):
+            self.lost()
+            return
+        if epochs:
+            self.worker.note_torch_memory(epochs[-1][1])
+        if latest:  # earlier checkpoints are no longer referenced: free their disk
+            for old in [self.checkpoint] + [c["path"] for c in checkpoints[:-1]]:
+                if old and old != latest["path"]:
+                    Path(old).unlink(missing_ok=True)
+            self.checkpoint = latest["path"]
+
+    def handle(self, event: dict) -> None:
+        kind = event.get("type")
+        if kind == "log":
+            self.log(event["line"])
+        elif kind == "done":  # the run dir holds a train job's model or a predict job's result.json
+            run_dir = self.worker.settings.layout.rel(self.plan.run_dir)
+            self.outcome = "succeeded" if self.db(queue.succeed, event["result"], run_dir) else "lost"
+        elif kind == "error":
+            self.log(event["error"].get("traceback") or "")
+            self.fail(event["error"])
+        elif kind == "preempted":
+            self.log("checkpointed at a step boundary")
+            self.stopped()
+        if self.outcome == "lost":
+            self.lost()
