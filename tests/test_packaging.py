@@ -31,8 +31,10 @@ def test_a_plain_install_holds_only_the_trainyard_package(tmp_path):
     venv.create(env_dir, with_pip=False)
     site = Path(sysconfig.get_path("purelib", vars={"base": str(env_dir)}))
     (site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--prefix", str(env_dir),
-                                str(wheel)], capture_output=True, text=True)
+    # --ignore-installed: without it, pip run from this environment uninstalls this environment's own
+    # (editable) trainyard while installing into --prefix.
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--ignore-installed", "-q",
+                                "--prefix", str(env_dir), str(wheel)], capture_output=True, text=True)
     assert installed.returncode == 0, installed.stderr
     empty = tmp_path / "elsewhere"
     empty.mkdir()
@@ -49,3 +51,6 @@ def test_a_plain_install_holds_only_the_trainyard_package(tmp_path):
     assert r.returncode == 0 and r.stdout.startswith(str(site)), r.stderr
     cli = run(str(env_dir / "bin" / "trainyard"), "--help")  # the console script, with this environment's python
     assert cli.returncode == 0 and "submit" in cli.stdout, cli.stderr
+    # ...and the environment running these tests still has its own trainyard.
+    here = subprocess.run([sys.executable, "-c", "import trainyard.app.spec"], cwd=empty, capture_output=True, text=True)
+    assert here.returncode == 0, here.stderr
