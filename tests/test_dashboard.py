@@ -116,6 +116,30 @@ def test_job_reaches_succeeded_and_its_page_plots_every_epoch(live, watched, tmp
     assert watched.errors == []
 
 
+
+def test_a_run_job_has_its_entrypoint_curves_and_own_metric_names(live, watched):
+    """A `run` job (the example plugin's cifar_loop) on the page like any other; metrics an entrypoint
+    names itself ("loss", "top5_accuracy") get series of their own."""
+    job = live.submit({"kind": "run", "entrypoint": "cifar_loop", "device": "cpu",
+                       "config": {"epochs": 2, "size": 100, "batch_size": 20}})
+    page = watched.page
+    page.goto(live.url + "/")
+    expect(page.get_by_test_id(f"job-row-{job['id']}")).to_contain_text("entrypoint cifar_loop")
+    expect(state_cell(page, job["id"])).to_have_text("succeeded", timeout=60_000)
+    page.goto(f"{live.url}/#/jobs/{job['id']}")
+    expect(page.get_by_test_id("job-facts")).to_contain_text("run · entrypoint cifar_loop")
+    for chart, series in (("loss-chart", "train_loss"), ("loss-chart", "val_loss"), ("accuracy-chart", "val_accuracy")):
+        expect(page.get_by_test_id(chart).locator(f"[data-series={series}]")).to_have_attribute("data-points", "2")
+
+    own = [{"epoch": e, "loss": 1 / e, "recon_loss": 2 / e, "top5_accuracy": 0.2 * e, "lr": 0.1} for e in (1, 2, 3)]
+    page.route(f"**/jobs/{job['id']}/metrics", lambda route: route.fulfill(json=own))
+    page.reload()
+    loss, acc = page.get_by_test_id("loss-chart"), page.get_by_test_id("accuracy-chart")
+    for chart, series in ((loss, "loss"), (loss, "recon_loss"), (acc, "top5_accuracy")):
+        expect(chart.locator(f"[data-series={series}]")).to_have_attribute("data-points", "3")
+    expect(loss.locator("[data-series=lr]")).to_have_count(0)
+    assert watched.errors == []
+
 def test_cancel_then_retry_from_the_page(live, watched):
     page = watched.page
     job = live.submit(slow_job(epochs=30))

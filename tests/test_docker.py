@@ -265,6 +265,21 @@ def test_dockerignore_lets_in_what_the_dockerfile_copies():
                     assert (ROOT / src).exists(), src
 
 
+
+def test_plugins_are_baked_into_the_venv_the_runtime_copies():
+    """`--build-arg PLUGINS=...` installs plugins in the builder, into the /opt/venv the runtime copies;
+    the example plugin is in the build context."""
+    args, stages = dockerfile()
+    builder, runtime = stages[0], stages[-1]
+    assert ("ARG", 'PLUGINS=""') in builder
+    run = next(r for i, r in builder if i == "RUN" and "$PLUGINS" in r)
+    assert run.startswith('if [ -n "$PLUGINS" ]; then pip install $PLUGINS && pip check')
+    assert any(i == "COPY" and r.split()[0] == "examples/plugin" for i, r in builder)
+    assert (ROOT / "examples/plugin/pyproject.toml").exists()
+    assert any(i == "COPY" and r.startswith("--from=builder /opt/venv") for i, r in runtime)
+    # An empty PLUGINS installs nothing and succeeds.
+    assert subprocess.run(["sh", "-c", run.split("; fi")[0] + "; fi"], env={"PLUGINS": ""}).returncode == 0
+
 # ---- entrypoint and health check, for real ------------------------------------------------------
 
 @pytest.fixture

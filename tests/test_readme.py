@@ -4,16 +4,37 @@ import re
 import subprocess
 import sys
 
-from tests.service import ROOT
 import pytest
+
+from tests.service import ROOT
 
 pytestmark = pytest.mark.slow  # starts the real server and workers
 
 
-def walkthrough_blocks() -> list[tuple[str, str]]:
+def blocks(heading: str) -> list[tuple[str, str]]:
+    """The sh and python blocks of one README section."""
     text = (ROOT / "README.md").read_text()
-    section = text.split("## Walk-through with curl", 1)[1].split("\n## ", 1)[0]
+    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```(sh|python)\n(.*?)```", section, re.S)
+
+
+def documents(text: str) -> list:
+    """The JSON documents curl printed back to back."""
+    decoder, out, at = json.JSONDecoder(), [], 0
+    while at < len(text.rstrip()):
+        doc, end = decoder.raw_decode(text, at)
+        out.append(doc)
+        at = end + len(text[end:]) - len(text[end:].lstrip())
+    return out
+
+
+def walkthrough_blocks() -> list[tuple[str, str]]:
+    return blocks("Walk-through with curl")
+
+
+def run_block(lang: str, code: str, cwd, timeout: float = 60) -> subprocess.CompletedProcess:
+    argv = ["bash", "-euo", "pipefail", "-c", code] if lang == "sh" else [sys.executable, "-c", code]
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def test_readme_walkthrough(service, tmp_path):
@@ -26,11 +47,7 @@ def test_readme_walkthrough(service, tmp_path):
             if "/result" in code:  # "a moment later"
                 for job_id in (2, 3):
                     assert service.wait_state(job_id)["state"] == "succeeded"
-            r = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=tmp_path, capture_output=True,
-                               text=True, timeout=60)
-        else:
-            r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                               timeout=60)
+        r = run_block(lang, code, tmp_path)
         assert r.returncode == 0, (code, r.stderr)
         outputs.append(r.stdout)
         if '"name": "iris-mlp"' in code:
@@ -46,3 +63,28 @@ def test_readme_walkthrough(service, tmp_path):
     # The Python client: the same service, the same model.
     assert outputs[6].strip() == "virginica"
     assert (tmp_path / "iris-again.safetensors").read_bytes() == (tmp_path / "iris.safetensors").read_bytes()
+
+
+def test_readme_plugins_section(service, tmp_path):
+    """Your own code: the example plugin's model, dataset and entrypoint, by curl and by the client."""
+    service.start_worker("cpu")
+    host = service.url.removeprefix("http://")
+    shell, python = blocks("Your own code: plugins and `run` jobs")[-3:-1]
+    assert shell[0] == "sh" and python[0] == "python"
+    r = run_block(*shell[:1], shell[1].replace("localhost:8000", host), tmp_path)
+    assert r.returncode == 0, r.stderr
+    catalog, *submitted = documents(r.stdout)
+    assert {p["name"] for p in catalog["plugins"]} == {"tinynet", "blobs", "cifar_loop"}
+    assert [j["kind"] for j in submitted] == ["train", "train", "run"]
+    for j in submitted:
+        assert service.wait_state(j["id"], timeout=120)["state"] == "succeeded"
+    tiny, blobs = (service.wait_state(j["id"]) for j in submitted[:2])
+    assert tiny["result"]["val_accuracy"] >= 0.9 and blobs["result"]["val_accuracy"] >= 0.9
+
+    r = run_block(*python[:1], python[1].replace("localhost:8000", host), tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [ln.split()[:2] for ln in lines[:2]] == [["epoch", "1"], ["epoch", "2"]]
+    assert lines[2] == "succeeded" and lines[3] in ("plane", "car", "bird", "cat", "deer", "dog", "frog", "horse",
+                                                    "ship", "truck")
+    assert (tmp_path / "cifar.safetensors").stat().st_size > 200_000

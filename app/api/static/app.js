@@ -98,6 +98,7 @@
       const what = s.inputs ? `${s.inputs.length} rows` : s.data ? `${s.data.dataset}/${s.data.split || "val"}` : "";
       return `model of job ${s.model_job}` + (what ? ` · ${what}` : "");
     }
+    if (job.kind === "run") return `entrypoint ${s.entrypoint}`;
     return [s.model && s.model.arch, s.data && s.data.dataset].filter(Boolean).join(" · ");
   }
 
@@ -708,15 +709,33 @@
       series: [
         { key: "train_loss", label: "train loss", cls: "s-train", points: perEpoch(metrics, "train_loss") },
         { key: "val_loss", label: "val loss", cls: "s-val", points: perEpoch(metrics, "val_loss") },
+        // a run job's own losses ("loss", "recon_loss", ...)
+        ...otherKeys(metrics, /(^|_)loss$/, ["train_loss", "val_loss"]).map((key) => (
+          { key, label: key.replace(/_/g, " "), cls: "s-other", points: perEpoch(metrics, key) })),
       ],
       yFormat: (v, precise) => (precise ? fmtLoss(v) : Number(v.toPrecision(3)).toString()),
     });
   }
 
+  /** Metric names matching re, beyond those already charted, in the order they first appear. */
+  function otherKeys(metrics, re, known) {
+    const keys = [];
+    for (const m of metrics) {
+      for (const k of Object.keys(m)) {
+        if (re.test(k) && !known.includes(k) && !keys.includes(k) && isNum(m[k])) keys.push(k);
+      }
+    }
+    return keys.slice(0, 4);
+  }
+
   function accuracyChart(metrics, totalEpochs, empty) {
     return lineChart({
       testid: "accuracy-chart", title: "Validation accuracy per epoch", totalEpochs, empty, yFixed: [0, 1],
-      series: [{ key: "val_accuracy", label: "val accuracy", cls: "s-acc", points: perEpoch(metrics, "val_accuracy") }],
+      series: [
+        { key: "val_accuracy", label: "val accuracy", cls: "s-acc", points: perEpoch(metrics, "val_accuracy") },
+        ...otherKeys(metrics, /(^|_)accuracy$/, ["val_accuracy"]).map((key) => (
+          { key, label: key.replace(/_/g, " "), cls: "s-other", points: perEpoch(metrics, key) })),
+      ],
       yFormat: (v, precise) => (precise ? fmtPct(v) : `${Math.round(v * 100)}%`),
     });
   }

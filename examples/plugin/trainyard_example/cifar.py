@@ -77,21 +77,26 @@ def cifar_loop(ctx, config: dict) -> dict | None:
             running_loss += loss.item() * len(labels)
             seen += len(labels)
             time.sleep(config.get("step_sleep", 0))
-        ctx.report(epoch, train_loss=running_loss / seen, val_accuracy=accuracy(net, testloader, ctx.device),
+        val_loss, val_accuracy = evaluate(net, testloader, ctx.device)
+        ctx.report(epoch, train_loss=running_loss / seen, val_loss=val_loss, val_accuracy=val_accuracy,
                    samples_per_s=seen / (time.perf_counter() - t0))
         ctx.checkpoint({"epoch": epoch, "model": net.state_dict(), "optimizer": optimizer.state_dict()})
 
     ctx.save_model(net, arch="cifar_net", input_shape=[3, 32, 32], class_names=CLASSES, dataset="fake",
                    note="the CIFAR-10 notebook's Net, trained by cifar_loop")
-    return {"val_accuracy": accuracy(net, testloader, ctx.device), "epochs": epochs}
+    return {"val_accuracy": evaluate(net, testloader, ctx.device)[1], "epochs": epochs}
 
 
 @torch.no_grad()
-def accuracy(net: nn.Module, loader, device) -> float:
+def evaluate(net: nn.Module, loader, device) -> tuple[float, float]:
+    """Mean loss and accuracy on the held-out images."""
     net.eval()
-    correct = total = 0
+    loss = correct = total = 0
     for inputs, labels in loader:
-        correct += (net(inputs.to(device)).argmax(1) == labels.to(device)).sum().item()
+        inputs, labels = inputs.to(device), labels.to(device)
+        logits = net(inputs)
+        loss += F.cross_entropy(logits, labels, reduction="sum").item()
+        correct += (logits.argmax(1) == labels).sum().item()
         total += len(labels)
     net.train()
-    return correct / total
+    return loss / total, correct / total
