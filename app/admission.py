@@ -17,8 +17,17 @@ from trainyard.app import workers as registry
 from trainyard.app.errors import Invalid, NotFound
 from trainyard.app.layout import ARTIFACT_FILES
 from trainyard.app.settings import Settings
-from trainyard.app.spec import (ALL_ARCHS, DATASET_INFO, DATASETS, UPLOAD_PREFIX, DataSpec, PredictJob, RunJob,
-                                TrainJob, is_plugin_dataset)
+from trainyard.app.spec import (
+    ALL_ARCHS,
+    DATASET_INFO,
+    DATASETS,
+    UPLOAD_PREFIX,
+    DataSpec,
+    PredictJob,
+    RunJob,
+    TrainJob,
+    is_plugin_dataset,
+)
 from trainyard.app.states import JobState
 
 

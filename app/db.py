@@ -6,8 +6,23 @@ default) and PostgreSQL (several hosts sharing one queue).
 from contextlib import contextmanager
 from typing import Iterator
 
-from sqlalchemy import (JSON, BigInteger, Column, Float, ForeignKey, Index, Integer, MetaData, String,
-                        Table, Text, UniqueConstraint, create_engine, event, inspect)
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    inspect,
+)
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.ext.compiler import compiles

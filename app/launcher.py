@@ -14,7 +14,6 @@ from pathlib import Path
 import httpx
 
 import trainyard
-
 from trainyard.app.client import TERMINAL
 
 # Where `python -m trainyard` is importable from: this checkout (or the installed package's parent).

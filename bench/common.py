@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from trainyard.app.settings import Settings
 from trainyard.app.launcher import ROOT, Service
+from trainyard.app.settings import Settings
 
 # The production defaults, not tests.service's FAST_ENV (short leases, 0.5 s heartbeats), so that
 # background writes happen as often as they would in a real deployment. TRAINYARD_POLL_S is left

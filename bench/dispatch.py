@@ -27,8 +27,8 @@ import random
 import time
 from collections import Counter
 
-from trainyard.app.states import TERMINAL, JobState
 from bench.common import TINY_JOB, env_line, iso_s, load_note, pct, service, table, verdict
+from trainyard.app.states import TERMINAL, JobState
 
 LATENCY_P50_MS, LATENCY_P99_MS = 50, 150
 

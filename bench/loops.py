@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainyard.app.spec import parse_spec
 from bench.cases import CASES
+from trainyard.app.spec import parse_spec
 from trainyard.worker import data, nets, train
 
 

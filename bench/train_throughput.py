@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from trainyard.app.launcher import ROOT, Service
-from trainyard.app.states import JobState
 from bench.cases import CASES, YARDSTICKS
 from bench.common import PROD_ENV
+from trainyard.app.launcher import ROOT, Service
+from trainyard.app.states import JobState
 
 
 def rate(seconds: list[float], samples: int) -> float:

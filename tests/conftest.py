@@ -1,8 +1,8 @@
 """Shared fixtures: a fresh data dir per test, the live service, tiny job presets."""
 import pytest
 
-from trainyard.app.spec import TRAIN_EXAMPLE
 from tests.service import Service
+from trainyard.app.spec import TRAIN_EXAMPLE
 
 # The README's Iris job (seed 000's MLP and loop settings), as the OpenAPI docs show it.
 IRIS_JOB = TRAIN_EXAMPLE

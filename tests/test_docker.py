@@ -20,8 +20,8 @@ import httpx
 import pytest
 import yaml
 
-from trainyard.app.settings import Settings
 from tests.service import FAST_ENV, ROOT, free_port
+from trainyard.app.settings import Settings
 
 pytestmark = pytest.mark.slow  # starts the real server and workers
 

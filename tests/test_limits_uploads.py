@@ -5,17 +5,16 @@ import io
 import os
 import threading
 import time
-import zipfile
 
 import numpy as np
 import pytest
 
-from trainyard.app import errors, uploads
 from bench.limits import csv_long_label, csv_wide, disk, npz_zeros, zip_entries, zip_inflating
 from tests.conftest import tiny_job
 from tests.service import Service
 from tests.test_limits_api import peak_rss, reset_peak
 from tests.test_uploads import iris_csv
+from trainyard.app import errors, uploads
 from trainyard.worker import dataset_cache
 
 pytestmark = pytest.mark.slow

@@ -6,10 +6,10 @@ import time
 import psycopg
 import pytest
 
+from tests.conftest import IRIS_JOB, tiny_job
 from trainyard.app import errors, queue
 from trainyard.app.db import create_all, make_engine
 from trainyard.app.spec import parse_spec
-from tests.conftest import IRIS_JOB, tiny_job
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 

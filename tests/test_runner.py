@@ -2,9 +2,9 @@
 import pytest
 import torch
 
+from tests.conftest import tiny_job
 from trainyard.app.records import Job
 from trainyard.app.states import JobState
-from tests.conftest import tiny_job
 from trainyard.worker import runner, train
 from trainyard.worker.context import JobError, Preempted
 from trainyard.worker.plan import JobPlan

@@ -9,9 +9,9 @@ import pytest
 import safetensors.torch
 import torch
 
-from trainyard.app.spec import parse_spec
 from tests.conftest import IRIS_JOB, tiny_job
 from tests.service import ROOT, Service
+from trainyard.app.spec import parse_spec
 from trainyard.worker import nets
 
 pytestmark = pytest.mark.slow  # starts the real server and workers

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from trainyard.app import errors, uploads
 from tests.conftest import IRIS_JOB
 from tests.service import ROOT, Service
+from trainyard.app import errors, uploads
 
 pytestmark = pytest.mark.slow  # starts the real server and workers
 

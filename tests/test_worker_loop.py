@@ -2,11 +2,11 @@
 a job can have. Job processes are real (forked from the worker's fork server); no server, no CLI."""
 import pytest
 
+from tests.conftest import slow_job, tiny_job
 from trainyard.app import queue
 from trainyard.app.db import create_all, make_engine
 from trainyard.app.settings import Settings
 from trainyard.app.spec import parse_spec
-from tests.conftest import slow_job, tiny_job
 from trainyard.worker.main import Worker
 
 

@@ -8,9 +8,9 @@ from fastapi import Depends, FastAPI
 from trainyard.app import __version__, metrics, queue
 from trainyard.app.api import errors
 from trainyard.app.api.deps import require_token
-from trainyard.app.api.schemas import UNAUTHORIZED
 from trainyard.app.api.guard import RequestGuard
 from trainyard.app.api.routes import dashboard, datasets, jobs, system
+from trainyard.app.api.schemas import UNAUTHORIZED
 from trainyard.app.db import create_all, make_engine
 from trainyard.app.settings import Settings, get_settings
 

@@ -7,8 +7,18 @@ from pathlib import Path
 
 from rich.table import Table
 
-from trainyard.app.cli.output import (console, err, error, follow_bar, follow_lines, job_table, mib, progress_text, say_failure,
-                            show)
+from trainyard.app.cli.output import (
+    console,
+    err,
+    error,
+    follow_bar,
+    follow_lines,
+    job_table,
+    mib,
+    progress_text,
+    say_failure,
+    show,
+)
 from trainyard.app.client import TERMINAL, APIError, Client
 from trainyard.app.states import JobState
 

@@ -2,7 +2,8 @@
 from datetime import datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, File, Form, Path as PathParam, Response, UploadFile
+from fastapi import APIRouter, File, Form, Response, UploadFile
+from fastapi import Path as PathParam
 from pydantic import BaseModel, Field
 
 from trainyard.app import uploads

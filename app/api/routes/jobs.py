@@ -1,12 +1,12 @@
 """Routes for jobs: submit, list, read, cancel, retry, metrics, events, artifact, result, logs."""
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from collections.abc import AsyncIterator
-
-from fastapi import APIRouter, Body, Depends, Header, Path as PathParam, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
+from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
