@@ -28,6 +28,7 @@ bench: setup
 	$(BIN)/python -m bench.train_throughput --rounds 3
 	$(BIN)/python -m bench.dispatch
 	$(BIN)/python -m bench.api
+	$(BIN)/python -m bench.run_overhead --rounds 3
 
 clean:
 	rm -rf $(VENV) trainyard-data .pytest_cache
