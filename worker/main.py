@@ -199,9 +199,7 @@ class Worker:
             log.exception("database unreachable while running job %s; stopping it", job.id)
             run.stop_now()
         parent_conn.close()
-        if run.watch is not None:
-            run.log(f"job process peak memory: {memory.gib(run.watch.grown)} over its start "
-                    f"(budget {memory.gib(plan.memory_budget)})")
+        run.sum_up()
         if run.outcome == "succeeded":
             shutil.rmtree(self.settings.layout.checkpoints(job.id), ignore_errors=True)
 

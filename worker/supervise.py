@@ -44,6 +44,7 @@ class JobRun:
     stop_deadline: float | None = None
     checkpoint: str | None = None       # the latest recorded checkpoint: older ones are deleted
     watch: memory.Watch | None = None
+    summed_up: bool = False             # the closing log lines are written
 
     def __post_init__(self) -> None:
         self.checkpoint = str(self.plan.resume_from) if self.plan.resume_from else None
@@ -61,6 +62,14 @@ class JobRun:
     def log(self, line: str) -> None:
         with open(self.log_path, "a", encoding="utf-8") as f:
             f.write(line.rstrip("\n") + "\n")
+
+    def sum_up(self) -> None:
+        """The job's closing log lines, written before its end is recorded: a client that sees the job
+        ended reads its whole log."""
+        if self.watch is not None and not self.summed_up:
+            self.log(f"job process peak memory: {memory.gib(self.watch.grown)} over its start "
+                     f"(budget {memory.gib(self.plan.memory_budget)})")
+        self.summed_up = True
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -130,6 +139,7 @@ class JobRun:
         self.stop_now()
         self.outcome = "lost"
         self.log("job is no longer ours (cancelled or taken over): process stopped")
+        self.sum_up()
 
     # -- endings ----------------------------------------------------------------------------------
 
@@ -155,6 +165,7 @@ class JobRun:
         """The job process was stopped (it checkpointed first if it could): why decides what follows.
         A SIGTERM we did not send (systemd, a container runtime signalling every process) is a shutdown."""
         if self.stop_reason in (None, "shutdown"):
+            self.sum_up()
             self.outcome = "queued" if self.db(queue.requeue_preempted) else "lost"
             self.log("requeued without using an attempt (worker shutting down)")
         else:
@@ -163,6 +174,7 @@ class JobRun:
 
     def fail(self, error: dict) -> None:
         self.log(f"{error['type']}: {error['message']}")
+        self.sum_up()
         self.outcome = self.db(queue.fail, error) or "lost"
 
     # -- events -----------------------------------------------------------------------------------
@@ -218,6 +230,7 @@ class JobRun:
             self.log(event["line"])
         elif kind == "done":  # the run dir holds a train job's model or a predict job's result.json
             run_dir = self.worker.settings.layout.rel(self.plan.run_dir)
+            self.sum_up()
             self.outcome = "succeeded" if self.db(queue.succeed, event["result"], run_dir) else "lost"
         elif kind == "error":
             self.log(event["error"].get("traceback") or "")
