@@ -13,6 +13,7 @@ from __future__ import annotations  # the method `list` shadows the builtin in a
 import json
 import os
 import time
+from urllib.parse import quote
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,13 @@ class Client:
 
     def workers(self) -> list[dict]:
         return self.request("GET", "/workers").json()
+
+    def drain(self, worker_id: str) -> dict:
+        """The worker finishes what it runs and claims nothing more (until undrain)."""
+        return self.request("POST", f"/workers/{quote(worker_id, safe='')}/drain").json()
+
+    def undrain(self, worker_id: str) -> dict:
+        return self.request("POST", f"/workers/{quote(worker_id, safe='')}/undrain").json()
 
     def catalog(self) -> dict:
         return self.request("GET", "/catalog").json()

@@ -9,6 +9,7 @@ from typing import Iterator
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Column,
     Float,
     ForeignKey,
@@ -96,6 +97,8 @@ workers = Table(
     Column("stats", JSON),
     Column("started_at", Float, nullable=False),
     Column("last_heartbeat", Float, nullable=False),
+    # Set by POST /workers/{id}/drain: the worker finishes what it runs and claims nothing more.
+    Column("draining", Boolean),
 )
 
 

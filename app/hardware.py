@@ -8,6 +8,7 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+import socket
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -71,16 +72,6 @@ def visible_cuda_count() -> int:
     return len(visible_indices(len(nv))) if nv else 0
 
 
-def worker_device_info(device: str) -> dict[str, Any] | None:
-    """The NVML view of the device a worker is bound to (name, total memory), for its registration."""
-    if not device.startswith("cuda"):
-        return None
-    nv = nvml_devices() or []
-    idx = visible_indices(len(nv))
-    n = device_names.cuda_index(device)
-    return nv[idx[n]] if n < len(idx) else None
-
-
 @lru_cache
 def torch_build_info() -> dict[str, Any]:
     """torch, CUDA and cuDNN versions of the installed build, read from package files, not by importing torch.
@@ -114,43 +105,101 @@ def cpu_info() -> dict[str, Any]:
     return {"cores": os.cpu_count(), "memory_total": total, "memory_available": available}
 
 
+GPU_FIELDS = ("name", "uuid", "compute_capability", "memory_total", "memory_used", "memory_free", "utilization_gpu")
+
+
+def host_reading(device: str) -> dict[str, Any]:
+    """What a worker reports of its own host at every heartbeat: the host's GPUs from NVML (with the
+    torch index each has under this worker's CUDA_VISIBLE_DEVICES), which of them is its own, and the
+    CPU. The API merges these by GPU UUID, so any number of hosts can share one database."""
+    nv = nvml_devices() or []
+    visible = visible_indices(len(nv))
+    gpus = [{**{k: d.get(k) for k in GPU_FIELDS}, "index": visible.index(i) if i in visible else None}
+            for i, d in enumerate(nv)]
+    own = None
+    if device.startswith("cuda"):
+        n = device_names.cuda_index(device)
+        own = nv[visible[n]]["uuid"] if n < len(visible) else None
+    return {"gpus": gpus, "device_uuid": own, "cpu": cpu_info(),
+            "driver_version": nv[0].get("driver_version") if nv else None}
+
+
 def build_payload(nvml: list[dict] | None, workers: list[dict], now: float, build: dict,
-                  cpu: dict, stale_after_s: float, visible: list[int] | None = None) -> dict[str, Any]:
-    """Assemble the /devices answer from raw readings. Pure: tests feed it recorded numbers."""
+                  cpu: dict, stale_after_s: float, visible: list[int] | None = None,
+                  host: str = "localhost") -> dict[str, Any]:
+    """Assemble the /devices answer from raw readings: this (the API's) host's NVML reading and CPU,
+    and each worker's heartbeat with its own host's reading. Pure: tests feed it recorded numbers.
+
+    GPUs are keyed by UUID and grouped by the host they are on. A GPU seen both by this host and by a
+    worker (the API and a worker container on one machine) is one GPU, on the worker's host, with
+    this host's fresher numbers."""
     nvml = nvml or []
     visible = visible_indices(len(nvml)) if visible is None else visible
     # Workers report the versions their job processes really see; prefer those over package files.
     reported = next((w["stats"]["build"] for w in workers if (w.get("stats") or {}).get("build")), {})
     build = {**build, **{k: v for k, v in reported.items() if k.endswith("_version") and v is not None}}
 
+    hosts: dict[str, dict] = {host: {"host": host, "driver_version": nvml[0].get("driver_version") if nvml else None,
+                                     "cpu": cpu}}
+    gpus: dict[str, dict] = {}
+    for w in sorted(workers, key=lambda w: w["last_heartbeat"]):  # the freshest reading wins
+        reading = (w.get("stats") or {}).get("host")
+        if not reading or w["state"] == "stopped":
+            continue
+        hosts[w["host"]] = {"host": w["host"], "driver_version": reading.get("driver_version"), "cpu": reading["cpu"]}
+        for g in reading.get("gpus") or []:
+            gpus[g["uuid"]] = {**g, "host": w["host"]}
+    for phys, d in enumerate(nvml):
+        seen = gpus.get(d.get("uuid") or f"{host}/{phys}")
+        index = visible.index(phys) if phys in visible else None
+        if seen is None and index is None:
+            continue  # hidden from this host's CUDA_VISIBLE_DEVICES and no worker reports it
+        gpus[d.get("uuid") or f"{host}/{phys}"] = {**{k: d.get(k) for k in GPU_FIELDS},
+                                                   "index": seen["index"] if seen else index,
+                                                   "host": seen["host"] if seen else host}
+
     def view(w: dict) -> dict:
         age = max(0.0, now - w["last_heartbeat"])
         stats = w.get("stats") or {}
         return {"id": w["id"], "host": w["host"], "pid": w["pid"], "device": w["device"],
                 "state": workers_registry.worker_state(w, now, stale_after_s),
-                "job_id": w["job_id"], "torch": stats.get("torch"), "last_heartbeat_age_s": round(age, 3)}
+                "job_id": w["job_id"], "torch": stats.get("torch"), "last_heartbeat_age_s": round(age, 3),
+                "draining": bool(w.get("draining"))}
 
-    cuda = []
-    for torch_index, phys in enumerate(visible):
-        d = nvml[phys]
-        name = device_names.cuda(torch_index)
-        cuda.append({
-            "index": torch_index, "name": d["name"], "uuid": d.get("uuid"),
-            "compute_capability": d["compute_capability"], "memory_total": d["memory_total"],
-            "memory_used": d["memory_used"], "memory_free": d["memory_free"],
-            "utilization_gpu": d.get("utilization_gpu"),
-            "workers": [view(w) for w in workers if w["device"] == name],
-        })
+    cuda = sorted(({**g, "workers": []} for g in gpus.values()),
+                  key=lambda g: (g["host"] != host, g["host"], g["index"] is None, g["index"] or 0))
+    by_uuid = {g["uuid"]: g for g in cuda}
+    cpu_workers: dict[str, list] = {}
+    for w in workers:
+        if w["device"] == "cpu":
+            cpu_workers.setdefault(w["host"], []).append(view(w))
+            continue
+        reading = (w.get("stats") or {}).get("host")
+        if reading:
+            gpu = by_uuid.get(reading.get("device_uuid"))
+        else:  # a worker from before host readings: by name, among this host's GPUs
+            n = device_names.cuda_index(w["device"])
+            gpu = next((g for g in cuda if g["host"] == host and g["index"] == n), None)
+        if gpu is not None:
+            gpu["workers"].append(view(w))
+    for name in cpu_workers:
+        hosts.setdefault(name, {"host": name, "driver_version": None, "cpu": None})
+    grouped = [{**h, "cuda_devices": [g for g in cuda if g["host"] == name],
+                "cpu": {**(h["cpu"] or {}), "workers": cpu_workers.get(name, [])}}
+               for name, h in sorted(hosts.items(), key=lambda kv: (kv[0] != host, kv[0]))]
     return {
         "cuda_available": bool(cuda),
-        "driver_version": nvml[0].get("driver_version") if nvml else None,
+        "driver_version": next((h["driver_version"] for h in grouped if h["driver_version"]), None),
         **{k: build.get(k) for k in ("torch_version", "cuda_version", "cudnn_version")},
+        "hosts": grouped,
+        # Flat views, each GPU and worker naming its host: every GPU; this host's CPU with every CPU worker.
         "cuda_devices": cuda,
-        "cpu": {**cpu, "workers": [view(w) for w in workers if w["device"] == "cpu"]},
+        "cpu": {**cpu, "workers": [w for h in grouped for w in h["cpu"]["workers"]]},
     }
 
 
-def snapshot(engine, stale_after_s: float) -> dict[str, Any]:
+def snapshot(engine, stale_after_s: float, node: str | None = None) -> dict[str, Any]:
     """The /devices payload now: NVML readings plus the workers' last heartbeats."""
     workers, now = workers_registry.list_workers(engine)
-    return build_payload(nvml_devices(), workers, now, torch_build_info(), cpu_info(), stale_after_s)
+    return build_payload(nvml_devices(), workers, now, torch_build_info(), cpu_info(), stale_after_s,
+                         host=node or socket.gethostname())

@@ -43,9 +43,10 @@ def stats(engine: Engine, buckets: tuple[float, ...]) -> dict[str, Any]:
 
 
 class _Collector:
-    def __init__(self, engine: Engine, stale_after_s: float):
+    def __init__(self, engine: Engine, stale_after_s: float, node: str | None = None):
         self.engine = engine
         self.stale_after_s = stale_after_s
+        self.node = node
 
     def collect(self):
         st = stats(self.engine, DURATION_BUCKETS)
@@ -71,33 +72,37 @@ class _Collector:
                 speed.add_metric([str(r["id"]), r["device"] or ""], r["samples_per_s"])
         yield speed
 
-        payload = hardware.snapshot(self.engine, self.stale_after_s)
-        alive = GaugeMetricFamily("trainyard_workers_alive", "Workers with a recent heartbeat", labels=["device"])
-        used = GaugeMetricFamily("trainyard_device_memory_used_bytes", "GPU memory in use (NVML)", labels=["device"])
-        total = GaugeMetricFamily("trainyard_device_memory_total_bytes", "GPU memory (NVML)", labels=["device"])
+        payload = hardware.snapshot(self.engine, self.stale_after_s, self.node)
+        alive = GaugeMetricFamily("trainyard_workers_alive", "Workers with a recent heartbeat", labels=["host", "device"])
+        gpu_labels = ["host", "device", "uuid"]
+        used = GaugeMetricFamily("trainyard_device_memory_used_bytes", "GPU memory in use (NVML)", labels=gpu_labels)
+        total = GaugeMetricFamily("trainyard_device_memory_total_bytes", "GPU memory (NVML)", labels=gpu_labels)
+        worker_labels = ["host", "device", "worker"]
         allocated = GaugeMetricFamily("trainyard_torch_memory_allocated_bytes",
-                                      "torch.cuda.memory_allocated of each worker's job", labels=["device", "worker"])
+                                      "torch.cuda.memory_allocated of each worker's job", labels=worker_labels)
         reserved = GaugeMetricFamily("trainyard_torch_memory_reserved_bytes",
-                                     "torch.cuda.memory_reserved of each worker's job", labels=["device", "worker"])
-        groups = [(f"cuda:{d['index']}", d["workers"], d) for d in payload["cuda_devices"]]
-        groups.append(("cpu", payload["cpu"]["workers"], None))
-        for name, workers, gpu in groups:
-            alive.add_metric([name], sum(1 for w in workers if w["state"] in ("idle", "busy")))
-            if gpu is not None:
-                used.add_metric([name], gpu["memory_used"])
-                total.add_metric([name], gpu["memory_total"])
-            for w in workers:
-                torch_stats = w.get("torch") or {}
-                if torch_stats.get("memory_allocated") is not None:
-                    allocated.add_metric([name, w["id"]], torch_stats["memory_allocated"])
-                if torch_stats.get("memory_reserved") is not None:
-                    reserved.add_metric([name, w["id"]], torch_stats["memory_reserved"])
+                                     "torch.cuda.memory_reserved of each worker's job", labels=worker_labels)
+        for host in payload["hosts"]:
+            groups = [(f"cuda:{d['index']}" if d["index"] is not None else "gpu", d["workers"], d)
+                      for d in host["cuda_devices"]]
+            groups.append(("cpu", host["cpu"]["workers"], None))
+            for name, workers, gpu in groups:
+                alive.add_metric([host["host"], name], sum(1 for w in workers if w["state"] in ("idle", "busy")))
+                if gpu is not None:
+                    used.add_metric([host["host"], name, gpu["uuid"] or ""], gpu["memory_used"])
+                    total.add_metric([host["host"], name, gpu["uuid"] or ""], gpu["memory_total"])
+                for w in workers:
+                    torch_stats = w.get("torch") or {}
+                    if torch_stats.get("memory_allocated") is not None:
+                        allocated.add_metric([host["host"], name, w["id"]], torch_stats["memory_allocated"])
+                    if torch_stats.get("memory_reserved") is not None:
+                        reserved.add_metric([host["host"], name, w["id"]], torch_stats["memory_reserved"])
         yield from (alive, used, total, allocated, reserved)
 
 
-def registry(engine: Engine, stale_after_s: float) -> CollectorRegistry:
+def registry(engine: Engine, stale_after_s: float, node: str | None = None) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(_Collector(engine, stale_after_s))
+    reg.register(_Collector(engine, stale_after_s, node))
     return reg
 
 

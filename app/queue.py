@@ -7,12 +7,12 @@ clock (db.db_now) so that hosts with skewed clocks agree on leases.
 """
 from typing import Any
 
-from sqlalchemy import and_, case, delete, func, insert, or_, select, update
+from sqlalchemy import and_, case, delete, exists, func, insert, or_, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from trainyard.app import device_names
-from trainyard.app.db import db_now, jobs, metrics, read, write
+from trainyard.app.db import db_now, jobs, metrics, read, workers, write
 from trainyard.app.errors import Conflict, NotFound
 from trainyard.app.records import Job
 from trainyard.app.spec import PredictJob, RunJob, TrainJob
@@ -130,20 +130,25 @@ def retry(engine: Engine, job_id: int) -> Job:
 
 # ---- the worker's side ------------------------------------------------------------------------
 
-def _claimable(device: str, plugins: dict[str, list[str]] | None):
+def _claimable(device: str, plugins: dict[str, list[str]] | None, worker_id: str | None = None):
     """Queued jobs a worker serving `device` with these plugins can run: a job that needs a plugin
-    waits for a worker that has it, rather than failing on one that does not."""
+    waits for a worker that has it, rather than failing on one that does not. A draining worker
+    can run none."""
     have = plugins or {}
     needs = [or_(column.is_(None), column.in_(have.get(kind, [])))
              for kind, column in (("models", jobs.c.need_model), ("datasets", jobs.c.need_dataset),
                                   ("entrypoints", jobs.c.need_entrypoint))]
+    if worker_id is not None:
+        needs.append(~exists().where(workers.c.id == worker_id, workers.c.draining.is_(True)))
     return and_(jobs.c.state == QUEUED, jobs.c.device_req.in_(device_names.accepted_by(device)), *needs)
 
 
-def has_work(engine: Engine, device: str, plugins: dict[str, list[str]] | None = None) -> bool:
+def has_work(engine: Engine, device: str, plugins: dict[str, list[str]] | None = None,
+             worker_id: str | None = None) -> bool:
     """A cheap read so idle workers can poll often without taking SQLite's write lock."""
     with read(engine) as conn:
-        return conn.execute(select(jobs.c.id).where(_claimable(device, plugins)).limit(1)).first() is not None
+        return conn.execute(select(jobs.c.id).where(_claimable(device, plugins, worker_id)).limit(1)).first() \
+            is not None
 
 
 def claim(engine: Engine, worker_id: str, device: str, lease_s: float,
@@ -154,7 +159,7 @@ def claim(engine: Engine, worker_id: str, device: str, lease_s: float,
     with FOR UPDATE SKIP LOCKED on PostgreSQL (SQLite ignores it), so no two workers get one job.
     """
     next_id = (select(jobs.c.id)
-               .where(_claimable(device, plugins))
+               .where(_claimable(device, plugins, worker_id))
                .order_by(jobs.c.priority.desc(), jobs.c.id).limit(1)
                .with_for_update(skip_locked=True).scalar_subquery())
     with write(engine) as conn:

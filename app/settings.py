@@ -1,4 +1,5 @@
 """Configuration: one Settings object read from TRAINYARD_* environment variables."""
+import socket
 from functools import lru_cache
 from pathlib import Path
 
@@ -55,6 +56,15 @@ class Settings(BaseSettings):
     max_parameters: int = Field(1_000_000_000, gt=0)
     # A predict job's output: rows x probabilities per row (classes, or top_k) at most this many.
     max_predict_values: int = Field(1_000_000, gt=0)
+
+    # The name this machine goes by in /devices, /workers and /metrics (default: its hostname). In a
+    # container the hostname is the container's: set it to the machine's name, the same for the API
+    # and the workers of one machine, so that their GPUs are seen as one host's.
+    node_name: str | None = Field(None, max_length=200)
+
+    @property
+    def node(self) -> str:
+        return self.node_name or socket.gethostname()
 
     @property
     def db_url(self) -> str:

@@ -8,6 +8,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Engine
 
 from trainyard.app.db import db_now, read, workers, write
+from trainyard.app.errors import Conflict, NotFound
 
 LIVE = ("idle", "busy")
 
@@ -43,3 +44,17 @@ def worker_state(worker: dict, now: float, stale_after_s: float) -> str:
     if worker["state"] != "stopped" and now - worker["last_heartbeat"] > stale_after_s:
         return "lost"
     return worker["state"]
+
+
+def set_draining(engine: Engine, worker_id: str, draining: bool) -> dict:
+    """Drain a worker (it finishes its job and claims nothing more) or put it back. The claim reads the
+    flag in the same statement that takes a job, so nothing is claimed once a drain has committed."""
+    with write(engine) as conn:
+        row = conn.execute(select(workers.c.state).where(workers.c.id == worker_id)).first()
+        if row is None:
+            raise NotFound(f"worker {worker_id} not found")
+        if row.state == "stopped":
+            raise Conflict(f"worker {worker_id} has stopped; a new worker process registers under a new id")
+        conn.execute(update(workers).where(workers.c.id == worker_id).values(draining=draining))
+    found, _ = list_workers(engine)
+    return next(w for w in found if w["id"] == worker_id)

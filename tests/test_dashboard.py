@@ -201,6 +201,52 @@ def test_gpu_memory_bars_from_a_recorded_devices_payload(live, watched):
         c.post(f"/jobs/{job['id']}/cancel")
 
 
+
+def test_devices_are_grouped_by_host_and_a_draining_worker_says_so(live, watched):
+    """A recorded two-host fleet (an L4 box and a 2x H100 box, each with a cuda:0) and an API-only host."""
+    gib = 2**30
+
+    def gpu(host, index, name, total, used, workers=()):
+        return {"index": index, "name": name, "uuid": f"GPU-{host}-{index}", "compute_capability": "8.9",
+                "memory_total": total * gib, "memory_used": used * gib, "memory_free": (total - used) * gib,
+                "utilization_gpu": None, "host": host, "workers": list(workers)}
+
+    def worker(id, host, device, draining=False):
+        return {"id": id, "host": host, "pid": 1, "device": device, "state": "idle", "job_id": None, "torch": None,
+                "last_heartbeat_age_s": 0.5, "draining": draining}
+
+    hosts = [
+        {"host": "api-box", "driver_version": None, "cuda_devices": [],
+         "cpu": {"cores": 2, "memory_total": 8 * gib, "memory_available": 6 * gib, "workers": []}},
+        {"host": "l4-box", "driver_version": "580.65", "cuda_devices": [
+            gpu("l4-box", 0, "NVIDIA L4", 24, 3, [worker("l4-w0", "l4-box", "cuda:0", draining=True)])],
+         "cpu": {"cores": 8, "memory_total": 64 * gib, "memory_available": 60 * gib, "workers": []}},
+        {"host": "h100-box", "driver_version": "580.65", "cuda_devices": [
+            gpu("h100-box", 0, "NVIDIA H100", 80, 40, [worker("h-w0", "h100-box", "cuda:0")]),
+            gpu("h100-box", 1, "NVIDIA H100", 80, 1)],
+         "cpu": {"cores": 64, "memory_total": 512 * gib, "memory_available": 500 * gib,
+                 "workers": [worker("h-cpu", "h100-box", "cpu")]}},
+    ]
+    payload = {"cuda_available": True, "driver_version": "580.65", "torch_version": "2.14.1", "cuda_version": "13.0",
+               "cudnn_version": None, "hosts": hosts,
+               "cuda_devices": [g for h in hosts for g in h["cuda_devices"]],
+               "cpu": {**hosts[0]["cpu"], "workers": [worker("h-cpu", "h100-box", "cpu")]}}
+    page = watched.page
+    page.route("**/devices", lambda route: route.fulfill(json=payload))
+    page.goto(live.url + "/")
+    expect(page.get_by_test_id("devices-summary")).to_have_text("3 GPU(s) on 2 hosts")
+    expect(page.get_by_test_id("host-l4-box")).to_be_visible()
+    expect(page.get_by_test_id("host-h100-box")).to_be_visible()
+    expect(page.get_by_test_id("host-api-box")).to_have_count(0)  # no GPU, no worker: left out
+    expect(page.get_by_test_id("gpu-l4-box-0")).to_contain_text("NVIDIA L4")
+    expect(page.get_by_test_id("gpu-h100-box-0")).to_contain_text("NVIDIA H100")
+    expect(page.get_by_test_id("gpu-h100-box-0-used")).to_have_attribute("data-bytes", str(40 * gib))
+    expect(page.get_by_test_id("gpu-l4-box-0")).to_contain_text("l4-w0")
+    expect(page.get_by_test_id("worker-draining-l4-w0")).to_have_text("draining")
+    expect(page.get_by_test_id("worker-draining-h-w0")).to_have_count(0)
+    expect(page.get_by_test_id("cpu-h100-box")).to_contain_text("h-cpu")
+    assert watched.errors == []
+
 def test_token_is_asked_for_stored_and_sent(browser, tmp_path):
     svc = Service(tmp_path / "data", env={"TRAINYARD_API_TOKEN": "dash-s3cret"}).start_server()
     w = Watched(browser)

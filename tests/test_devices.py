@@ -59,3 +59,63 @@ def test_this_machine_reads_without_cuda():
     assert info["torch_version"].startswith("2.14.1")
     cpu = devices.cpu_info()
     assert cpu["cores"] >= 1 and cpu["memory_total"] > 0
+
+
+# ---- several hosts sharing one database ------------------------------------------------------------
+
+L4 = {"name": "NVIDIA L4", "compute_capability": "8.9", "memory_total": 24 * GiB, "memory_used": 2 * GiB,
+      "memory_free": 22 * GiB, "utilization_gpu": 10}
+
+
+def reading(gpus, own=None, cores=16):
+    return {"gpus": gpus, "device_uuid": own, "driver_version": "580.65.06",
+            "cpu": {"cores": cores, "memory_total": 128 * GiB, "memory_available": 100 * GiB}}
+
+
+def on(host, id, device, hb, gpus, own=None, cores=16, job=None, draining=False):
+    return {"id": id, "host": host, "pid": 7, "device": device, "state": "busy" if job else "idle", "job_id": job,
+            "last_heartbeat": hb, "draining": draining,
+            "stats": {"host": reading(gpus, own, cores), "torch": {"memory_allocated": GiB} if job else None}}
+
+
+def test_two_gpu_hosts_each_with_a_cuda0_worker_and_an_api_host_without_gpus():
+    a = [{**H100, "uuid": "GPU-a0", "index": 0}, {**H100, "uuid": "GPU-a1", "index": 1}]
+    b = [{**L4, "uuid": "GPU-b0", "index": 0}]
+    workers = [on("gpu-a", "wa0", "cuda:0", 1000.0, a, "GPU-a0", job=3), on("gpu-a", "wa1", "cuda:1", 1000.0, a, "GPU-a1"),
+               on("gpu-b", "wb0", "cuda:0", 1000.0, b, "GPU-b0", cores=8, job=4),
+               on("gpu-b", "wbc", "cpu", 1000.0, b, None, cores=8, draining=True)]
+    p = devices.build_payload(None, workers, 1001.0, BUILD, CPU, 15, host="api")
+    assert [h["host"] for h in p["hosts"]] == ["api", "gpu-a", "gpu-b"]  # this host first
+    api, ha, hb = p["hosts"]
+    assert api["cuda_devices"] == [] and api["cpu"]["cores"] == 96 and api["cpu"]["workers"] == []
+    assert [(g["uuid"], g["index"], [w["id"] for w in g["workers"]]) for g in ha["cuda_devices"]] == \
+        [("GPU-a0", 0, ["wa0"]), ("GPU-a1", 1, ["wa1"])]
+    # Both hosts have a cuda:0; each worker is on its own host's card.
+    assert [(g["uuid"], g["name"], [w["id"] for w in g["workers"]]) for g in hb["cuda_devices"]] == \
+        [("GPU-b0", "NVIDIA L4", ["wb0"])]
+    assert hb["cpu"]["cores"] == 8 and [w["id"] for w in hb["cpu"]["workers"]] == ["wbc"]
+    assert hb["cpu"]["workers"][0]["draining"] is True
+    assert [g["host"] for g in p["cuda_devices"]] == ["gpu-a", "gpu-a", "gpu-b"] and p["cuda_available"]
+    assert [w["id"] for w in p["cpu"]["workers"]] == ["wbc"]  # the flat view: every CPU worker
+
+
+def test_a_gpu_seen_by_the_api_and_by_a_worker_is_one_gpu_with_the_freshest_numbers():
+    nvml = [{**H100, "nvml_index": 0, "uuid": "GPU-x", "memory_used": 40 * GiB}]
+    stale = [{**H100, "uuid": "GPU-x", "index": 0, "memory_used": 10 * GiB}]
+    p = devices.build_payload(nvml, [on("box-worker", "w", "cuda:0", 999.0, stale, "GPU-x", job=1)], 1000.0,
+                              BUILD, CPU, 15, host="box-api")
+    [gpu] = p["cuda_devices"]
+    assert gpu["host"] == "box-worker" and gpu["memory_used"] == 40 * GiB and [w["id"] for w in gpu["workers"]] == ["w"]
+    assert [h["host"] for h in p["hosts"]] == ["box-api", "box-worker"] and p["hosts"][0]["cuda_devices"] == []
+
+
+def test_a_workers_reading_honours_its_cuda_visible_devices(monkeypatch):
+    nv = [{**H100, "nvml_index": i, "uuid": f"GPU-{i}", "driver_version": "580.65.06"} for i in range(4)]
+    monkeypatch.setattr(devices, "nvml_devices", lambda: nv)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    r = devices.host_reading("cuda:1")
+    assert r["device_uuid"] == "GPU-1" and [g["index"] for g in r["gpus"]] == [None, 1, None, 0]
+    assert r["driver_version"] == "580.65.06" and r["cpu"]["cores"] >= 1
+    assert devices.host_reading("cpu")["device_uuid"] is None
+    monkeypatch.setattr(devices, "nvml_devices", lambda: None)
+    assert devices.host_reading("cpu") == {**devices.host_reading("cpu"), "gpus": [], "device_uuid": None}

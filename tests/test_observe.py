@@ -1,5 +1,6 @@
 """Watching jobs: Server-Sent Events, logs, Prometheus metrics, the catalog, and the CLI's live view."""
 import json
+import socket
 import subprocess
 import sys
 
@@ -75,7 +76,7 @@ def test_prometheus_metrics(service):
     assert 'trainyard_jobs{kind="train",state="failed"} 1.0' in text
     assert "trainyard_queue_depth 1.0" in text
     assert 'trainyard_job_duration_seconds_count{kind="train"} 2.0' in text
-    assert 'trainyard_workers_alive{device="cpu"} 1.0' in text
+    assert f'trainyard_workers_alive{{device="cpu",host="{socket.gethostname()}"}} 1.0' in text
     for name in ("trainyard_device_memory_used_bytes", "trainyard_torch_memory_allocated_bytes",
                  "trainyard_job_samples_per_second"):
         assert f"# TYPE {name} gauge" in text

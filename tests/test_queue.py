@@ -50,6 +50,23 @@ def test_claim_order_priority_then_oldest(engine):
     assert queue.claim(engine, "w", "cpu", 10) is None
 
 
+def test_a_draining_worker_claims_nothing_until_undrained(engine):
+    from trainyard.app import workers
+    job = submit(engine)
+    for w in ("a", "b"):
+        workers.register_worker(engine, w, "host", 1, "cpu", {})
+    assert workers.set_draining(engine, "a", True)["draining"] is True
+    assert not queue.has_work(engine, "cpu", None, "a") and queue.has_work(engine, "cpu", None, "b")
+    assert queue.claim(engine, "a", "cpu", 10) is None
+    assert workers.set_draining(engine, "a", False)["draining"] is False
+    assert queue.claim(engine, "a", "cpu", 10).id == job.id
+    with pytest.raises(errors.NotFound):
+        workers.set_draining(engine, "nobody", True)
+    workers.worker_heartbeat(engine, "b", "stopped", None)
+    with pytest.raises(errors.Conflict):
+        workers.set_draining(engine, "b", True)
+
+
 def test_claim_respects_device(engine):
     gpu_only = submit(engine, device="cuda:1")
     anywhere = submit(engine, device="auto")

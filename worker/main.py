@@ -10,7 +10,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import time
 from typing import Any
 
@@ -46,7 +45,7 @@ class Worker:
         self.burst = burst
         self.max_jobs = max_jobs
         self.engine = make_engine(settings.db_url)
-        self.id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.id = f"{settings.node}-{os.getpid()}-{secrets.token_hex(3)}"
         self.stopping = False
         self.jobs_done = 0
         self.plugins: dict[str, list[str]] = {}
@@ -80,9 +79,9 @@ class Worker:
         self.ctx = _mp_context()
         offered = plugins.offered(self.settings.plugins)
         self.plugins = plugins.names(offered)  # what a job may need of this worker (the claim reads it)
-        self.stats = {"build": self._warm_up(), "device_info": hardware.worker_device_info(self.device),
+        self.stats = {"build": self._warm_up(), "host": hardware.host_reading(self.device),
                       "plugins": self.plugins, "plugin_details": plugins.describe(offered)}
-        self.db(registry.register_worker, self.id, socket.gethostname(), os.getpid(), self.device, self.stats)
+        self.db(registry.register_worker, self.id, self.settings.node, os.getpid(), self.device, self.stats)
         log.info("worker %s on %s ready", self.id, self.device)
         try:
             while not self.stopping and not self._done():
@@ -106,7 +105,7 @@ class Worker:
     def _next_job(self) -> Job | None:
         try:
             self.housekeeping(state="idle", job_id=None)
-            if self.db(queue.has_work, self.device, self.plugins):
+            if self.db(queue.has_work, self.device, self.plugins, self.id):
                 return self.db(queue.claim, self.id, self.device, self.settings.lease_s, self.plugins)
         except OperationalError:
             log.exception("database unavailable; the worker keeps trying")
@@ -132,6 +131,9 @@ class Worker:
         if now < self._next_beat:
             return
         self._next_beat = now + self.settings.heartbeat_s
+        # This host's GPUs as NVML sees them now (memory used by every process on them): /devices and
+        # the placement of jobs read the freshest heartbeat.
+        self.stats = {**self.stats, "host": hardware.host_reading(self.device)}
         self.db(registry.worker_heartbeat, self.id, state, job_id, self.stats)
         for jid, new_state in queue.requeue_expired(self.engine):
             log.warning("job %s lost its worker (lease expired): now %s", jid, new_state)
@@ -171,7 +173,7 @@ class Worker:
         (two jobs each spinning two OpenMP threads on two cores run several times slower than two
         jobs with one thread each); every job shares the host's memory."""
         workers, now = self.db(registry.list_workers)
-        here = [w for w in workers if w["host"] == socket.gethostname()
+        here = [w for w in workers if w["host"] == self.settings.node
                 and registry.worker_state(w, now, self.settings.lease_s) in registry.LIVE]
         return {"all": here, "cpu": [w for w in here if w["device"] == "cpu"]}
 

@@ -116,4 +116,6 @@ class WorkerPublic(BaseModel):
     last_heartbeat: datetime
     last_heartbeat_age_s: float
     torch: dict[str, Any] | None = Field(None, description="the worker's last reported torch allocator stats")
+    draining: bool = Field(False, description="finishing what it runs, claiming nothing more "
+                                              "(POST /workers/{id}/drain, /undrain)")
 

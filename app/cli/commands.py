@@ -1,4 +1,5 @@
-"""Client commands: submit, jobs, status, watch, logs, cancel, retry, download, devices, workers, upload."""
+"""Client commands: submit, jobs, status, watch, logs, cancel, retry, download, devices, workers, drain,
+undrain, upload."""
 import argparse
 import json
 import sys
@@ -55,6 +56,9 @@ def add_commands(sub) -> None:
     d.add_argument("--format", choices=["safetensors", "pt", "meta"], default="safetensors")
     add("devices", cmd_devices, "show CUDA devices, the CPU and their workers")
     add("workers", cmd_workers, "list workers")
+    for name, fn, help in (("drain", cmd_drain, "let a worker finish its job and claim nothing more"),
+                           ("undrain", cmd_undrain, "let a drained worker claim jobs again")):
+        add(name, fn, help).add_argument("worker_id", help="as `trainyard workers` lists it")
     up = add("upload", cmd_upload, "upload a dataset (.csv, .npz, ImageFolder .zip)")
     up.add_argument("file")
     up.add_argument("--label-column", help="CSV: the column of class labels")
@@ -165,15 +169,27 @@ def cmd_devices(client: Client, args) -> int:
 
 
 def cmd_workers(client: Client, args) -> int:
-    def render(ws: list) -> None:
-        t = Table("id", "host", "pid", "device", "state", "job", "heartbeat age (s)")
-        for w in ws:
-            t.add_row(w["id"], w["host"], str(w["pid"]), w["device"], w["state"], str(w["job_id"] or "-"),
-                      f"{w['last_heartbeat_age_s']:.1f}")
-        console.print(t)
-
-    show(client.workers(), args.json, render)
+    show(client.workers(), args.json, worker_table)
     return 0
+
+
+def cmd_drain(client: Client, args) -> int:
+    show(client.drain(args.worker_id), args.json, lambda w: worker_table([w]))
+    return 0
+
+
+def cmd_undrain(client: Client, args) -> int:
+    show(client.undrain(args.worker_id), args.json, lambda w: worker_table([w]))
+    return 0
+
+
+def worker_table(ws: list) -> None:
+    t = Table("id", "host", "pid", "device", "state", "job", "heartbeat age (s)")
+    for w in ws:
+        state = f"{w['state']} (draining)" if w.get("draining") else w["state"]
+        t.add_row(w["id"], w["host"], str(w["pid"]), w["device"], state, str(w["job_id"] or "-"),
+                  f"{w['last_heartbeat_age_s']:.1f}")
+    console.print(t)
 
 
 def cmd_upload(client: Client, args) -> int:

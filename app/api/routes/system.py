@@ -1,5 +1,5 @@
 """Routes about the service itself: devices, workers, health."""
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -7,7 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from trainyard.app import admission, hardware, metrics, queue, spec
 from trainyard.app import workers as workers_registry
 from trainyard.app.api.deps import EngineDep, SettingsDep
-from trainyard.app.api.schemas import WorkerPublic, ts
+from trainyard.app.api.schemas import WorkerPublic, responses, ts
 
 router = APIRouter(tags=["system"])
 health_router = APIRouter(tags=["system"])
@@ -17,7 +17,7 @@ health_router = APIRouter(tags=["system"])
 async def get_devices(engine: EngineDep, settings: SettingsDep) -> dict:
     """CUDA devices (from NVML, never a CUDA context in this process), their workers' torch allocator
     stats (from heartbeats), and the CPU."""
-    return await run_in_threadpool(hardware.snapshot, engine, settings.lease_s)
+    return await run_in_threadpool(hardware.snapshot, engine, settings.lease_s, settings.node)
 
 
 @router.get("/metrics", response_class=Response,
@@ -38,15 +38,37 @@ def get_catalog(engine: EngineDep, settings: SettingsDep) -> dict:
 @router.get("/workers", response_model=list[WorkerPublic])
 def get_workers(engine: EngineDep, settings: SettingsDep, include_stopped: bool = False) -> list[WorkerPublic]:
     workers, now = workers_registry.list_workers(engine, include_stopped=include_stopped)
-    out = []
-    for w in workers:
-        age = max(0.0, now - w["last_heartbeat"])
-        out.append(WorkerPublic(id=w["id"], host=w["host"], pid=w["pid"], device=w["device"],
-                                state=workers_registry.worker_state(w, now, settings.lease_s),
-                                job_id=w["job_id"], started_at=ts(w["started_at"]),
-                                last_heartbeat=ts(w["last_heartbeat"]), last_heartbeat_age_s=round(age, 3),
-                                torch=(w["stats"] or {}).get("torch")))
-    return out
+    return [_public(w, now, settings.lease_s) for w in workers]
+
+
+WorkerId = Path(max_length=200, description="a worker's id, as GET /workers lists it")
+WORKER_ERRORS = responses(not_found="no such worker", conflict="the worker has stopped")
+
+
+@router.post("/workers/{worker_id}/drain", response_model=WorkerPublic, responses=WORKER_ERRORS)
+def drain_worker(engine: EngineDep, settings: SettingsDep, worker_id: str = WorkerId) -> WorkerPublic:
+    """The worker finishes the job it runs (if any) and claims nothing more until undrained."""
+    return _set_draining(engine, settings, worker_id, True)
+
+
+@router.post("/workers/{worker_id}/undrain", response_model=WorkerPublic, responses=WORKER_ERRORS)
+def undrain_worker(engine: EngineDep, settings: SettingsDep, worker_id: str = WorkerId) -> WorkerPublic:
+    """The worker claims jobs again."""
+    return _set_draining(engine, settings, worker_id, False)
+
+
+def _set_draining(engine, settings, worker_id: str, draining: bool) -> WorkerPublic:
+    w = workers_registry.set_draining(engine, worker_id, draining)
+    _, now = workers_registry.list_workers(engine)
+    return _public(w, now, settings.lease_s)
+
+
+def _public(w: dict, now: float, lease_s: float) -> WorkerPublic:
+    return WorkerPublic(id=w["id"], host=w["host"], pid=w["pid"], device=w["device"],
+                        state=workers_registry.worker_state(w, now, lease_s), job_id=w["job_id"],
+                        started_at=ts(w["started_at"]), last_heartbeat=ts(w["last_heartbeat"]),
+                        last_heartbeat_age_s=round(max(0.0, now - w["last_heartbeat"]), 3),
+                        torch=(w["stats"] or {}).get("torch"), draining=bool(w.get("draining")))
 
 
 @health_router.get("/healthz")

@@ -402,6 +402,8 @@
     const job = w.job_id ? el("a", { href: `#/jobs/${w.job_id}`, text: `job ${w.job_id}` }) : el("span", { class: "muted", text: "no job" });
     return el("li", { class: "worker", "data-testid": `worker-${w.id}`, "data-state": w.state },
       badge(w.state, null), " ",
+      w.draining ? el("span", { class: "badge state-draining", "data-testid": `worker-draining-${w.id}`, text: "draining" }) : null,
+      w.draining ? " " : null,
       el("span", { class: "mono", text: w.id }), " ",
       el("span", { class: "muted", text: `${w.host}:${w.pid}` }), " · ", job,
       el("span", { class: "muted hb", text: ` · heartbeat ${fmtDuration(w.last_heartbeat_age_s)} ago` }));
@@ -440,27 +442,28 @@
     return total;
   }
 
-  function gpuCard(d) {
-    const name = `cuda:${d.index}`;
+  function gpuCard(d, host) {
+    const name = d.index === null || d.index === undefined ? "GPU" : `cuda:${d.index}`;
     const reserved = sumTorch(d.workers, "memory_reserved");
     const allocated = sumTorch(d.workers, "memory_allocated");
     const util = isNum(d.utilization_gpu) ? ` · ${d.utilization_gpu}% busy` : "";
-    return el("article", { class: "device-card", "data-testid": `gpu-${d.index}` },
+    const id = host ? `gpu-${host}-${d.index}` : `gpu-${d.index}`;
+    return el("article", { class: "device-card", "data-testid": id, "data-uuid": d.uuid },
       el("h3", null, el("span", { class: "mono", text: name }), ` ${d.name} `,
         el("span", { class: "muted", text: `compute ${d.compute_capability}${util}` })),
       memoryBar(`${name} memory: ${fmtBytes(d.memory_used)} used of ${fmtBytes(d.memory_total)}, ` +
                 `${fmtBytes(reserved)} reserved and ${fmtBytes(allocated)} allocated by PyTorch`,
         d.memory_total, [
-          { name: "used (NVML)", cls: "seg-used", value: d.memory_used, testid: `gpu-${d.index}-used` },
-          { name: "torch reserved", cls: "seg-reserved", value: reserved, testid: `gpu-${d.index}-reserved` },
-          { name: "torch allocated", cls: "seg-allocated", value: allocated, testid: `gpu-${d.index}-allocated` },
+          { name: "used (NVML)", cls: "seg-used", value: d.memory_used, testid: `${id}-used` },
+          { name: "torch reserved", cls: "seg-reserved", value: reserved, testid: `${id}-reserved` },
+          { name: "torch allocated", cls: "seg-allocated", value: allocated, testid: `${id}-allocated` },
         ]),
       workerList(d.workers));
   }
 
-  function cpuCard(cpu) {
+  function cpuCard(cpu, host) {
     const used = isNum(cpu.memory_total) && isNum(cpu.memory_available) ? cpu.memory_total - cpu.memory_available : null;
-    return el("article", { class: "device-card", "data-testid": "cpu" },
+    return el("article", { class: "device-card", "data-testid": host ? `cpu-${host}` : "cpu" },
       el("h3", null, "CPU ",
         el("span", { class: "muted", text: `${cpu.cores} cores` })),
       memoryBar(`RAM: ${fmtBytes(used)} used of ${fmtBytes(cpu.memory_total)}`, cpu.memory_total,
@@ -478,9 +481,19 @@
     const versions = [["torch", d.torch_version], ["CUDA", d.cuda_version], ["cuDNN", d.cudnn_version],
                       ["driver", d.driver_version]].filter(([, v]) => v).map(([k, v]) => `${k} ${v}`);
     setText($("versions"), versions.join(" · "));
-    setText($("devices-summary"), d.cuda_available ? `${d.cuda_devices.length} GPU(s)` : "no CUDA device");
-    const box = $("devices");
-    box.replaceChildren(...d.cuda_devices.map(gpuCard), cpuCard(d.cpu));
+    // One section per host (GPUs keyed by UUID on the host they are on); a host with no GPU and no
+    // worker (an API-only container) is left out.
+    let hosts = d.hosts || [{ host: null, cuda_devices: d.cuda_devices, cpu: d.cpu }];
+    const used = hosts.filter((h) => h.cuda_devices.length || (h.cpu.workers || []).length);
+    if (used.length) hosts = used;
+    const many = hosts.length > 1;
+    const gpus = `${d.cuda_devices.length} GPU(s)` + (many ? ` on ${hosts.length} hosts` : "");
+    setText($("devices-summary"), d.cuda_available ? gpus : "no CUDA device");
+    $("devices").replaceChildren(...hosts.flatMap((h) => [
+      many ? el("h3", { class: "host", "data-testid": `host-${h.host}`, text: h.host }) : null,
+      ...h.cuda_devices.map((g) => gpuCard(g, many ? h.host : null)),
+      cpuCard(h.cpu, many ? h.host : null),
+    ].filter(Boolean)));
   }
 
   // ---- one job -------------------------------------------------------------------------------------------
