@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Engine
 
-from trainyard.app import model_size, plugins, queue, uploads
+from trainyard.app import model_size, placement, plugins, queue, uploads
 from trainyard.app import workers as registry
 from trainyard.app.errors import Invalid, NotFound
 from trainyard.app.layout import ARTIFACT_FILES
+from trainyard.app.records import Job
 from trainyard.app.settings import Settings
 from trainyard.app.spec import (
     ALL_ARCHS,
@@ -174,3 +175,14 @@ _WHAT = {"models": "architecture", "datasets": "dataset", "entrypoints": "entryp
 def admit(engine: Engine, settings: Settings, spec: TrainJob | PredictJob | RunJob) -> Admitted:
     check = Check(engine, settings)
     return {"train": check.train, "predict": check.predict, "run": check.run}[spec.kind](spec)
+
+
+def why_waiting(engine: Engine, settings: Settings, found: list[Job]) -> dict[int, str | None]:
+    """For each queued job among these, why no live worker can take it (placement.why_waiting); one
+    read of the workers, and none when no job is queued."""
+    queued = [j for j in found if j.state == JobState.QUEUED]
+    if not queued:
+        return {}
+    listed, now = registry.list_workers(engine)
+    live = [w for w in listed if registry.worker_state(w, now, settings.lease_s) in registry.LIVE]
+    return {j.id: placement.why_waiting(j, live) for j in queued}

@@ -13,10 +13,10 @@ from __future__ import annotations  # the method `list` shadows the builtin in a
 import json
 import os
 import time
-from urllib.parse import quote
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 

@@ -64,6 +64,10 @@ jobs = Table(
     Column("need_model", String(100)),
     Column("need_dataset", String(100)),
     Column("need_entrypoint", String(100)),
+    # GPU memory the job asked for (resources.gpu_memory_gb, bytes): it shares a device with others
+    # that stated theirs; NULL: it has its device to itself. gpu_key: the device it was claimed on.
+    Column("need_gpu_memory", BigInteger),
+    Column("gpu_key", String(200)),
     Column("checkpoint_path", Text),
     Column("checkpoint_epoch", Integer),
     Column("artifact_path", Text),

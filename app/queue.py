@@ -7,12 +7,12 @@ clock (db.db_now) so that hosts with skewed clocks agree on leases.
 """
 from typing import Any
 
-from sqlalchemy import and_, case, delete, exists, func, insert, or_, select, update
+from sqlalchemy import and_, case, delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from trainyard.app import device_names
-from trainyard.app.db import db_now, jobs, metrics, read, workers, write
+from trainyard.app import placement
+from trainyard.app.db import db_now, jobs, metrics, read, write
 from trainyard.app.errors import Conflict, NotFound
 from trainyard.app.records import Job
 from trainyard.app.spec import PredictJob, RunJob, TrainJob
@@ -33,6 +33,7 @@ def enqueue(engine: Engine, spec: TrainJob | PredictJob | RunJob, idempotency_ke
         idempotency_key=idempotency_key, attempt=0, claim=0, created_at=db_now(), errors=[],
         epoch=0 if spec.kind == "train" else None,
         epochs=spec.train.epochs if spec.kind == "train" else getattr(spec, "epochs", None), parameters=parameters,
+        need_gpu_memory=spec.gpu_memory_bytes,
         **{f"need_{kind[:-1]}": name for kind, name in (needs or {}).items()},
     )
     try:
@@ -130,44 +131,32 @@ def retry(engine: Engine, job_id: int) -> Job:
 
 # ---- the worker's side ------------------------------------------------------------------------
 
-def _claimable(device: str, plugins: dict[str, list[str]] | None, worker_id: str | None = None):
-    """Queued jobs a worker serving `device` with these plugins can run: a job that needs a plugin
-    waits for a worker that has it, rather than failing on one that does not. A draining worker
-    can run none."""
-    have = plugins or {}
-    needs = [or_(column.is_(None), column.in_(have.get(kind, [])))
-             for kind, column in (("models", jobs.c.need_model), ("datasets", jobs.c.need_dataset),
-                                  ("entrypoints", jobs.c.need_entrypoint))]
-    if worker_id is not None:
-        needs.append(~exists().where(workers.c.id == worker_id, workers.c.draining.is_(True)))
-    return and_(jobs.c.state == QUEUED, jobs.c.device_req.in_(device_names.accepted_by(device)), *needs)
-
-
 def has_work(engine: Engine, device: str, plugins: dict[str, list[str]] | None = None,
-             worker_id: str | None = None) -> bool:
+             worker_id: str | None = None, slot: placement.Slot | None = None) -> bool:
     """A cheap read so idle workers can poll often without taking SQLite's write lock."""
     with read(engine) as conn:
-        return conn.execute(select(jobs.c.id).where(_claimable(device, plugins, worker_id)).limit(1)).first() \
-            is not None
+        head = select(jobs.c.id).where(jobs.c.id == placement.head(device, plugins, worker_id, slot), placement.fits_now(slot))
+        return conn.execute(head).first() is not None
 
 
 def claim(engine: Engine, worker_id: str, device: str, lease_s: float,
-          plugins: dict[str, list[str]] | None = None) -> Job | None:
+          plugins: dict[str, list[str]] | None = None, slot: placement.Slot | None = None) -> Job | None:
     """Atomically take the next queued job this worker can run: highest priority first, then oldest.
 
     One UPDATE ... WHERE id = (SELECT ... LIMIT 1) RETURNING: under BEGIN IMMEDIATE on SQLite, and
     with FOR UPDATE SKIP LOCKED on PostgreSQL (SQLite ignores it), so no two workers get one job.
+    Workers sharing a device also take a lock on its key first (PostgreSQL), so two of them cannot
+    both count the same free memory.
     """
-    next_id = (select(jobs.c.id)
-               .where(_claimable(device, plugins, worker_id))
-               .order_by(jobs.c.priority.desc(), jobs.c.id).limit(1)
-               .with_for_update(skip_locked=True).scalar_subquery())
     with write(engine) as conn:
+        if slot is not None and conn.dialect.name == "postgresql":
+            conn.execute(select(func.pg_advisory_xact_lock(func.hashtext(slot.key))))
         row = conn.execute(
-            update(jobs).where(jobs.c.id == next_id, jobs.c.state == QUEUED)
+            update(jobs).where(jobs.c.id == placement.head(device, plugins, worker_id, slot), jobs.c.state == QUEUED,
+                               placement.fits_now(slot))
             .values(state=RUNNING, attempt=jobs.c.attempt + 1, claim=jobs.c.claim + 1,
                     worker_id=worker_id, device=device, started_at=db_now(), finished_at=None,
-                    lease_expires_at=db_now() + lease_s,
+                    lease_expires_at=db_now() + lease_s, gpu_key=slot.key if slot else None,
                     epoch=case((jobs.c.kind != "predict", func.coalesce(jobs.c.checkpoint_epoch, 0)), else_=None))
             .returning(jobs)).first()
         if row is None:

@@ -36,6 +36,8 @@ class Job:
     need_model: str | None
     need_dataset: str | None
     need_entrypoint: str | None
+    need_gpu_memory: int | None  # bytes (resources.gpu_memory_gb); None: the whole device
+    gpu_key: str | None          # the device it was claimed on (a GPU's UUID), for sharing it
     checkpoint_path: str | None  # relative to the data dir
     checkpoint_epoch: int | None
     artifact_path: str | None    # relative to the data dir: the run dir of the run that succeeded

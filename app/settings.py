@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     job_memory_share: float = Field(0.8, gt=0, le=1)
     # Cap on the share of its GPU's memory one job process may take (torch's per-process fraction).
     job_gpu_memory_fraction: float | None = Field(None, gt=0, le=1)
+    # The memory a worker's device offers to jobs that state resources.gpu_memory_gb (GB, 10^9 bytes):
+    # default, a GPU's total (NVML); set lower to keep headroom. CPU workers offer none unless this
+    # is set (then the host's CPU workers share it, as workers on one GPU share that GPU's).
+    device_memory_gb: float | None = Field(None, gt=0, le=1_000_000)
     # Which installed plugins this process offers: "*" all, "" none, or a comma-separated list of names.
     plugins: str = "*"
     # Built-in architectures over this many parameters are refused at submit (422).

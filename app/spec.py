@@ -211,12 +211,31 @@ class TrainParams(_Strict):
         return {k: v for k, v in handler(self).items() if k != "momentum" or self.optimizer == "sgd"}
 
 
+class Resources(_Strict):
+    gpu_memory_gb: float | None = Field(
+        None, gt=0, le=4096, description="GPU memory the job needs (GB, 10^9 bytes): it runs on a GPU with that much "
+        "unclaimed, beside other jobs that state theirs, and is held to it; without it a job has its GPU to itself")
+
+
 class _JobBase(_Strict):
     name: str | None = Field(None, max_length=200)
     device: str = Field("auto", pattern=DEVICE_PATTERN, description="auto, cpu, cuda or cuda:N")
     priority: int = Field(0, ge=-1000, le=1000, description="higher runs first")
     max_attempts: int = Field(3, ge=1, le=100, description="runs lost to infrastructure failures before giving up")
     timeout_s: float | None = Field(None, gt=0, le=30 * 86400, description="stop and fail the job after this long")
+    resources: Resources | None = None
+
+    @field_validator("resources")
+    @classmethod
+    def _resources_fit_device(cls, v: Resources | None, info) -> Resources | None:
+        if v is not None and v.gpu_memory_gb is not None and info.data.get("device") == "cpu":
+            raise ValueError("gpu_memory_gb asks for a GPU; this job's device is cpu")
+        return v
+
+    @property
+    def gpu_memory_bytes(self) -> int | None:
+        gb = self.resources.gpu_memory_gb if self.resources else None
+        return None if gb is None else int(gb * 1e9)
 
 
 class TrainJob(_JobBase):

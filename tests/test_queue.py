@@ -67,6 +67,38 @@ def test_a_draining_worker_claims_nothing_until_undrained(engine):
         workers.set_draining(engine, "b", True)
 
 
+def test_jobs_that_state_their_gpu_memory_share_a_device_within_its_budget(engine):
+    """Three workers on one 10 GB device (one slot key); jobs placed in order, without backfill."""
+    from trainyard.app.placement import Slot
+    gpu = Slot("GPU-aaaa", budget=10 * 10**9)
+    mem = dict(device="auto")
+    too_big = submit(engine, **mem, resources={"gpu_memory_gb": 20})   # never fits here: skipped, not waited for
+    a = submit(engine, **mem, resources={"gpu_memory_gb": 6})
+    c = submit(engine, **mem, resources={"gpu_memory_gb": 3})
+    b = submit(engine, **mem, resources={"gpu_memory_gb": 6})
+    whole = submit(engine, **mem)                                       # states nothing: the device to itself
+    claim = lambda w, slot=gpu: queue.claim(engine, w, "cuda:0", 10, None, slot)  # noqa: E731
+    got_a, got_c = claim("w1"), claim("w2")
+    assert (got_a.id, got_c.id) == (a.id, c.id) and got_a.gpu_key == "GPU-aaaa" and got_a.need_gpu_memory == 6 * 10**9
+    assert claim("w3") is None and not queue.has_work(engine, "cuda:0", None, "w3", gpu)  # 6 + 3 + 6 > 10
+    other = queue.claim(engine, "w4", "cuda:1", 10, None, Slot("GPU-bbbb", 10 * 10**9))  # another GPU: its own budget
+    assert other.id == b.id
+    assert queue.succeed(engine, a.id, got_a.claim, {}, None)
+    assert claim("w1") is None  # the head is now the whole-device job: it waits for c to end
+    assert queue.succeed(engine, c.id, got_c.claim, {}, None)
+    got_whole = claim("w1")
+    assert got_whole.id == whole.id and claim("w2") is None
+    assert queue.get_job(engine, too_big.id).state == "queued"
+
+
+def test_a_worker_that_offers_no_device_memory_takes_no_job_that_states_some(engine):
+    from trainyard.app.placement import Slot
+    job = submit(engine, device="auto", resources={"gpu_memory_gb": 1})
+    assert queue.claim(engine, "w", "cuda:0", 10) is None
+    assert queue.claim(engine, "w", "cpu", 10, None, Slot("w", None)) is None
+    assert queue.claim(engine, "w", "cpu", 10, None, Slot("host/cpu", 2 * 10**9)).id == job.id
+
+
 def test_claim_respects_device(engine):
     gpu_only = submit(engine, device="cuda:1")
     anywhere = submit(engine, device="auto")

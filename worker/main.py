@@ -11,11 +11,12 @@ import secrets
 import shutil
 import signal
 import time
+from dataclasses import asdict
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
 
-from trainyard.app import device_names, hardware, plugins, queue
+from trainyard.app import device_names, hardware, placement, plugins, queue
 from trainyard.app import workers as registry
 from trainyard.app.db import create_all, make_engine
 from trainyard.app.records import Job
@@ -49,6 +50,7 @@ class Worker:
         self.stopping = False
         self.jobs_done = 0
         self.plugins: dict[str, list[str]] = {}
+        self.slot = placement.Slot(self.id)  # run() finds the device's own
         self.stats: dict[str, Any] = {}
         self._next_beat = 0.0
 
@@ -79,7 +81,9 @@ class Worker:
         self.ctx = _mp_context()
         offered = plugins.offered(self.settings.plugins)
         self.plugins = plugins.names(offered)  # what a job may need of this worker (the claim reads it)
-        self.stats = {"build": self._warm_up(), "host": hardware.host_reading(self.device),
+        reading = hardware.host_reading(self.device)
+        self.slot = self._slot(reading)
+        self.stats = {"build": self._warm_up(), "host": reading, "slot": asdict(self.slot),
                       "plugins": self.plugins, "plugin_details": plugins.describe(offered)}
         self.db(registry.register_worker, self.id, self.settings.node, os.getpid(), self.device, self.stats)
         log.info("worker %s on %s ready", self.id, self.device)
@@ -105,12 +109,22 @@ class Worker:
     def _next_job(self) -> Job | None:
         try:
             self.housekeeping(state="idle", job_id=None)
-            if self.db(queue.has_work, self.device, self.plugins, self.id):
-                return self.db(queue.claim, self.id, self.device, self.settings.lease_s, self.plugins)
+            if self.db(queue.has_work, self.device, self.plugins, self.id, self.slot):
+                return self.db(queue.claim, self.id, self.device, self.settings.lease_s, self.plugins, self.slot)
         except OperationalError:
             log.exception("database unavailable; the worker keeps trying")
             time.sleep(2.0)
         return None
+
+    def _slot(self, reading: dict) -> placement.Slot:
+        """The device this worker claims for: a GPU by its UUID (workers on one GPU share it and its
+        memory), the host's CPU when TRAINYARD_DEVICE_MEMORY_GB offers it memory, else its own."""
+        budget = int(self.settings.device_memory_gb * 1e9) if self.settings.device_memory_gb else None
+        if self.device.startswith("cuda"):
+            own = next((g for g in reading["gpus"] if g["uuid"] == reading["device_uuid"]), None)
+            key = own["uuid"] if own else f"{self.settings.node}/{self.device}"
+            return placement.Slot(key, budget or (own["memory_total"] if own else None))
+        return placement.Slot(f"{self.settings.node}/cpu" if budget else self.id, budget)
 
     def _warm_up(self) -> dict:
         """Start the fork server now (it imports torch once, not on the first job) and ask a child
@@ -165,8 +179,17 @@ class Worker:
             threads=max(1, (os.cpu_count() or 1) // max(1, len(here["cpu"]))) if self.device == "cpu" else None,
             memory_budget=memory.budget(self.settings.job_memory_bytes, self.settings.job_memory_share,
                                         memory.host_total(), len(here["all"])),
-            gpu_memory_fraction=self.settings.job_gpu_memory_fraction, model_dir=model_dir, model_spec=model_spec,
+            gpu_memory_fraction=self._gpu_fraction(job), model_dir=model_dir, model_spec=model_spec,
             log_path=layout.log(job.id))
+
+    def _gpu_fraction(self, job: Job) -> float | None:
+        """A job that stated its GPU memory is held to it (torch's per-process fraction), so that its
+        growth fails it with `oom`, not the job beside it on the same GPU."""
+        if job.need_gpu_memory and self.slot.budget and self.device.startswith("cuda"):
+            total = next((g["memory_total"] for g in self.stats["host"]["gpus"]
+                          if g["uuid"] == self.slot.key), self.slot.budget)
+            return min(1.0, job.need_gpu_memory / total)
+        return self.settings.job_gpu_memory_fraction
 
     def _live_workers_here(self) -> dict[str, list]:
         """This host's live workers, all and CPU ones. CPU jobs share the cores among the CPU workers

@@ -45,9 +45,11 @@ class JobPublic(BaseModel):
     error: dict[str, Any] | None
     errors: list[dict[str, Any]]
     result: dict[str, Any] | None = Field(description="summary of the result; GET /jobs/{id}/result has all of it")
+    waiting_for: str | None = Field(None, description="a queued job no live worker can take: why (no worker for its "
+                                                      "device, plugin or GPU memory); null while it only waits its turn")
 
     @classmethod
-    def from_job(cls, job: Job) -> "JobPublic":
+    def from_job(cls, job: Job, waiting_for: str | None = None) -> "JobPublic":
         result = job.result
         if result and isinstance(result.get("predictions", result.get("confusion_matrix")), list):
             # A row from before results moved beside the run: show the same summary a new one holds.
@@ -67,7 +69,8 @@ class JobPublic(BaseModel):
             latest_metrics=job.latest_metrics, peak_memory_allocated=job.peak_memory_allocated,
             peak_memory_reserved=job.peak_memory_reserved, checkpoint_epoch=job.checkpoint_epoch,
             parameters=job.parameters, error=error,
-            errors=[{k: v for k, v in e.items() if k != "traceback"} for e in job.errors], result=result)
+            errors=[{k: v for k, v in e.items() if k != "traceback"} for e in job.errors], result=result,
+            waiting_for=waiting_for)
 
 
 class ErrorPublic(BaseModel):

@@ -51,6 +51,8 @@ def job_table(job: dict) -> None:
                 "started_at", "finished_at"):
         t.add_row(key, str(job.get(key)))
     t.add_row("progress", progress_text(job) or "-")
+    if job.get("waiting_for"):
+        t.add_row("waiting for", f"[yellow]{job['waiting_for']}[/yellow]")
     if job.get("peak_memory_allocated"):
         t.add_row("peak memory", f"{mib(job['peak_memory_allocated'])} allocated, "
                                  f"{mib(job['peak_memory_reserved'])} reserved")

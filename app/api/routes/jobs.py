@@ -49,18 +49,26 @@ def _submit(engine, settings, spec, idempotency_key):
 
 
 @router.get("", response_model=JobsPublic)
-async def list_jobs(engine: EngineDep,
+async def list_jobs(engine: EngineDep, settings: SettingsDep,
                     state: Annotated[JobState | None, Query()] = None,
                     kind: Annotated[Literal[JOB_KINDS] | None, Query()] = None,  # type: ignore[valid-type]
                     limit: Annotated[int, Query(ge=1, le=500)] = 50,
                     offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> Response:
-    rows, count = await run_in_threadpool(queue.list_jobs, engine, state, kind, limit, offset)
-    return as_json(JobsPublic(data=[JobPublic.from_job(r) for r in rows], count=count, limit=limit, offset=offset))
+    def read():
+        rows, count = queue.list_jobs(engine, state, kind, limit, offset)
+        return rows, count, admission.why_waiting(engine, settings, rows)
+    rows, count, waiting = await run_in_threadpool(read)
+    return as_json(JobsPublic(data=[JobPublic.from_job(r, waiting.get(r.id)) for r in rows], count=count,
+                              limit=limit, offset=offset))
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
-async def get_job(job_id: JobId, engine: EngineDep) -> Response:
-    return as_json(JobPublic.from_job(await run_in_threadpool(queue.get_job, engine, job_id)))
+async def get_job(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> Response:
+    def read():
+        job = queue.get_job(engine, job_id)
+        return job, admission.why_waiting(engine, settings, [job]).get(job.id)
+    job, waiting = await run_in_threadpool(read)
+    return as_json(JobPublic.from_job(job, waiting))
 
 
 def as_json(model: BaseModel, status_code: int = 200) -> Response:

@@ -354,8 +354,9 @@
 
   function updateRow(row, job) {
     setText(row.name, job.name || `${job.kind} job`);
-    setText(row.summary, jobSummary(job));
+    setText(row.summary, jobSummary(job) + (job.waiting_for ? ` · waiting: ${job.waiting_for}` : ""));
     updateBadge(row.state, job.state);
+    setAttr(row.state, "title", job.waiting_for ? `no worker can take it: ${job.waiting_for}` : job.state);
     setAttr(row.tr, "data-state", job.state);
     updateProgress(row.progress, job);
     setText(row.loss, fmtLoss(latest(job, "train_loss")));
@@ -564,6 +565,7 @@
     const m = job.latest_metrics || {};
     facts($("job-facts"), [
       ["kind", `${job.kind} · ${jobSummary(job)}`],
+      ["waiting for", job.waiting_for || null],
       ["device", job.device ? `${job.device} (requested ${requested})` : `requested ${requested}`],
       ["worker", job.worker_id],
       ["attempt", `${job.attempt} of ${job.max_attempts} (${job.runs} run${job.runs === 1 ? "" : "s"})`],

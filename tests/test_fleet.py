@@ -66,3 +66,39 @@ def test_devices_group_two_hosts_workers_sharing_one_database(service):
         metrics = c.get("/metrics").text
         for node in ("host-a", "host-b"):
             assert f'trainyard_workers_alive{{device="cpu",host="{node}"}} 1.0' in metrics
+
+
+def test_workers_share_one_device_budget_and_a_job_too_big_for_any_says_why(service):
+    """Three real CPU workers offered one 10 GB device (TRAINYARD_DEVICE_MEMORY_GB, as workers on one
+    GPU share its memory): 6 GB and 3 GB jobs run side by side, the next 6 GB job waits for memory
+    though a worker is idle, and a 20 GB job says why it cannot start."""
+    env = {"TRAINYARD_DEVICE_MEMORY_GB": "10"}
+    for _ in range(3):
+        service.start_worker("cpu", wait=False, env=env)
+    service.wait_until(lambda: len(service.client().get("/workers").json()) == 3, 180, "3 workers")
+
+    def needing(gb, job):
+        return {**job, "device": "auto", "resources": {"gpu_memory_gb": gb}}
+
+    big = service.submit(needing(20, tiny_job()))
+    a = service.submit(needing(6, slow_job(epochs=10)))
+    c = service.submit(needing(3, slow_job(epochs=10)))
+    b = service.submit(needing(6, tiny_job()))
+    service.wait_state(a["id"], "running")
+    service.wait_state(c["id"], "running")
+    with service.client() as cl:
+        assert cl.get(f"/jobs/{b['id']}").json()["state"] == "queued"  # 6 + 3 + 6 > 10, one worker idle
+        assert cl.get(f"/jobs/{b['id']}").json()["waiting_for"] is None  # it fits once memory frees up
+        why = cl.get(f"/jobs/{big['id']}").json()["waiting_for"]
+        assert why.startswith("needs 20.0 GB of GPU memory; the most a live worker offers is 10.0 GB")
+        listed = {j["id"]: j for j in cl.get("/jobs").json()["data"]}
+        assert listed[big["id"]]["waiting_for"] == why
+    da, dc, db = (service.wait_state(j["id"], timeout=180) for j in (a, c, b))
+    assert da["state"] == dc["state"] == db["state"] == "succeeded"
+    assert da["started_at"] < dc["finished_at"] and dc["started_at"] < da["finished_at"]  # side by side
+    assert db["started_at"] >= min(da["finished_at"], dc["finished_at"])  # only once memory was freed
+    cli = subprocess.run([sys.executable, "-m", "trainyard", "status", str(big["id"]), "--url", service.url],
+                         capture_output=True, text=True, timeout=30)
+    assert cli.returncode == 0 and "the most a live worker offers is 10.0 GB" in " ".join(cli.stdout.split())
+    with service.client() as cl:
+        cl.post(f"/jobs/{big['id']}/cancel")

@@ -1,0 +1,94 @@
+"""Placement: which queued jobs a worker may take, and why a job still waits.
+
+A worker claims for a slot: its device (workers with one key share a GPU) and the memory that
+device offers jobs that state theirs (`resources.gpu_memory_gb`). The queue's claim uses the SQL
+conditions here; the API uses `why_waiting` to tell a client why a job has not started.
+"""
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, exists, false, func, or_, select, true
+
+from trainyard.app import device_names
+from trainyard.app.db import jobs, workers
+from trainyard.app.records import Job
+from trainyard.app.states import JobState
+
+QUEUED, RUNNING = JobState.QUEUED.value, JobState.RUNNING.value
+
+
+@dataclass(frozen=True)
+class Slot:
+    """The device a worker claims for. Workers with one key share that device (a GPU's UUID); `budget`
+    is the memory it offers to jobs that state theirs (None: it takes no such job)."""
+    key: str
+    budget: int | None = None
+
+
+def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str | None, slot: Slot | None):
+    """Queued jobs a worker could ever run: its device, its plugins (a job that needs a plugin waits for
+    a worker that has it, rather than failing on one that does not), memory within its device's
+    budget. A draining worker can run none."""
+    have = plugins or {}
+    needs = [or_(column.is_(None), column.in_(have.get(kind, [])))
+             for kind, column in (("models", jobs.c.need_model), ("datasets", jobs.c.need_dataset),
+                                  ("entrypoints", jobs.c.need_entrypoint))]
+    if worker_id is not None:
+        needs.append(~exists().where(workers.c.id == worker_id, workers.c.draining.is_(True)))
+    if slot is None or slot.budget is None:
+        needs.append(jobs.c.need_gpu_memory.is_(None))
+    else:
+        needs.append(or_(jobs.c.need_gpu_memory.is_(None), jobs.c.need_gpu_memory <= slot.budget))
+    return and_(jobs.c.state == QUEUED, jobs.c.device_req.in_(device_names.accepted_by(device)), *needs)
+
+
+def fits_now(slot: Slot | None):
+    """The job fits beside what runs on the slot's device now: a job that stated its memory, within the
+    budget left and beside no whole-device job; one that did not, on an otherwise idle device."""
+    if slot is None:
+        return true()
+    other = jobs.alias("other")
+    on_device = and_(other.c.state == RUNNING, other.c.gpu_key == slot.key)
+    used = select(func.coalesce(func.sum(other.c.need_gpu_memory), 0)).where(on_device).scalar_subquery()
+    whole = exists().where(on_device, other.c.need_gpu_memory.is_(None))
+    shares = and_(jobs.c.need_gpu_memory.is_not(None), ~whole, jobs.c.need_gpu_memory + used <= slot.budget) \
+        if slot.budget is not None else false()
+    return or_(and_(jobs.c.need_gpu_memory.is_(None), ~exists().where(on_device)), shares)
+
+
+def head(device, plugins, worker_id, slot):
+    """The job at the head of this worker's line. Jobs are placed in priority order, without backfill:
+    a head that does not fit yet is waited for (devices free up), so a large job behind a stream of
+    small ones waits at most for the jobs running when it reached the head."""
+    return (select(jobs.c.id).where(eligible(device, plugins, worker_id, slot))
+            .order_by(jobs.c.priority.desc(), jobs.c.id).limit(1)
+            .with_for_update(skip_locked=True).scalar_subquery())
+
+
+def why_waiting(job: Job, live_workers: list[dict[str, Any]]) -> str | None:
+    """Why a queued job cannot start on any live worker, ever, as things stand (a worker that joins
+    may change that); None when some live worker could take it and it is only waiting its turn."""
+    if not live_workers:
+        return "no worker is running"
+    cands = [w for w in live_workers if job.device_req in device_names.accepted_by(w["device"])]
+    if not cands:
+        return f"no live worker serves device {job.device_req}"
+    cands = [w for w in cands if not w.get("draining")]
+    if not cands:
+        return f"every live worker for device {job.device_req} is draining"
+    for kind, need in (("models", job.need_model), ("datasets", job.need_dataset),
+                       ("entrypoints", job.need_entrypoint)):
+        if need is not None:
+            cands = [w for w in cands if need in ((w.get("stats") or {}).get("plugins") or {}).get(kind, [])]
+            if not cands:
+                return f"no live worker for device {job.device_req} has the {kind[:-1]} plugin {need!r}"
+    if job.need_gpu_memory is not None:
+        offers = [(((w.get("stats") or {}).get("slot") or {}).get("budget"), w) for w in cands]
+        offers = [(b, w) for b, w in offers if b is not None]
+        asked = f"needs {job.need_gpu_memory / 1e9:.1f} GB of GPU memory"
+        if not offers:
+            return f"{asked}; no live worker for device {job.device_req} offers GPU memory (GPU workers do)"
+        most, w = max(offers, key=lambda o: o[0])
+        if most < job.need_gpu_memory:
+            return f"{asked}; the most a live worker offers is {most / 1e9:.1f} GB ({w['host']} {w['device']})"
+    return None
