@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench gpu-check clean
 
 $(BIN)/.installed: pyproject.toml examples/plugin/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ bench: setup
 	$(BIN)/python -m bench.dispatch
 	$(BIN)/python -m bench.api
 	$(BIN)/python -m bench.run_overhead --rounds 3
+
+# On a CUDA host: the CUDA-marked tests, real jobs on the GPUs through the service, the throughput
+# benchmark on cuda:0; one table, with what was skipped and why (bench/gpu_check.py).
+gpu-check: setup
+	$(BIN)/python -m bench.gpu_check
 
 clean:
 	rm -rf $(VENV) trainyard-data .pytest_cache

@@ -103,7 +103,8 @@ LOOPS = {"seed000": seed000, "seed002": seed002, "tight": tight}
 def main() -> None:
     case, loop, epochs, data_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
     spec = parse_spec(CASES[case])
-    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    # The device the service's job runs on, so that both sides are measured on the same one.
+    device = torch.device(sys.argv[5] if len(sys.argv) > 5 else "cpu")
     d = data.load(spec.data, data_dir)
     seconds, n = LOOPS[loop](spec, d, device, epochs)
     print(json.dumps({"seconds": seconds, "samples": n}))

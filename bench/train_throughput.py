@@ -1,8 +1,9 @@
 """Training throughput: the service against hand-written PyTorch loops, same model, data and spec.
 
-`python -m bench.train_throughput [--rounds N] [--quick]` starts the real service (server + one
-CPU worker, SQLite) and, for each case, alternates service jobs with the hand-written loops of
-bench/loops.py (each in a process of its own, like the service's job process), N rounds.
+`python -m bench.train_throughput [--rounds N] [--quick] [--device cuda:0]` starts the real service
+(server + one worker on the device, the CPU by default; SQLite) and, for each case, alternates
+service jobs with the hand-written loops of bench/loops.py on the same device (each in a process
+of its own, like the service's job process), N rounds.
 
 Throughput counts training steps only, for all: samples / training seconds over every epoch but
 the first (warm-up), evaluation and checkpoints excluded. For the service it comes from the job's
@@ -33,8 +34,8 @@ def rate(seconds: list[float], samples: int) -> float:
     return samples * len(steady) / sum(steady)
 
 
-def run_service(svc: Service, case: str, epochs: int | None) -> tuple[float, float]:
-    spec = json.loads(json.dumps(CASES[case]))
+def run_service(svc: Service, case: str, epochs: int | None, device: str = "cpu") -> tuple[float, float]:
+    spec = {**json.loads(json.dumps(CASES[case])), "device": device}
     if epochs:
         spec["train"]["epochs"] = epochs
     t0 = time.perf_counter()
@@ -47,8 +48,8 @@ def run_service(svc: Service, case: str, epochs: int | None) -> tuple[float, flo
     return rate([1.0 / m["samples_per_s"] for m in history], 1), wall
 
 
-def run_loop(case: str, loop: str, epochs: int, data_dir: Path) -> float:
-    out = subprocess.run([sys.executable, "-m", "bench.loops", case, loop, str(epochs), str(data_dir)],
+def run_loop(case: str, loop: str, epochs: int, data_dir: Path, device: str = "cpu") -> float:
+    out = subprocess.run([sys.executable, "-m", "bench.loops", case, loop, str(epochs), str(data_dir), device],
                          cwd=ROOT, capture_output=True, text=True, check=True, timeout=1800)
     res = json.loads(out.stdout.strip().splitlines()[-1])
     return rate(res["seconds"], res["samples"])
@@ -58,11 +59,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="one round of short runs (a smoke test)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda:N: the worker's, and the loops'")
     args = ap.parse_args()
     rounds = 1 if args.quick else args.rounds
     tmp = Path(tempfile.mkdtemp(prefix="trainyard-bench-"))
     svc = Service.isolated(tmp / "data", env=PROD_ENV).start_server()
-    svc.start_worker("cpu")
+    svc.start_worker(args.device)
     results: dict[tuple[str, str], list[float]] = {}
     walls: dict[str, list[float]] = {}
     try:
@@ -74,20 +76,20 @@ def main() -> None:
                     runners.reverse()
                 for name, loop in runners:
                     if loop is None:
-                        value, wall = run_service(svc, case, epochs)
+                        value, wall = run_service(svc, case, epochs, args.device)
                         walls.setdefault(case, []).append(wall)
                     else:
-                        value = run_loop(case, loop, epochs, svc.data_dir)
+                        value = run_loop(case, loop, epochs, svc.data_dir, args.device)
                     results.setdefault((case, name), []).append(value)
                     print(f"  round {r + 1} {case:14} {name:8} {value:10.0f} samples/s", file=sys.stderr)
     finally:
         svc.stop()
-    print_table(results, walls, rounds)
+    print_table(results, walls, rounds, args.device)
 
 
-def print_table(results, walls, rounds) -> None:
+def print_table(results, walls, rounds, device: str = "cpu") -> None:
     med = {k: statistics.median(v) for k, v in results.items()}
-    print(f"\n{os.cpu_count()} cores, torch {torch.__version__}, device cpu, "
+    print(f"\n{os.cpu_count()} cores, torch {torch.__version__}, device {device}, "
           f"{datetime.date.today()}, median of {rounds} alternating round(s)\n")
     print("| case | service samples/s | yardstick | yardstick samples/s | service / yardstick | service end-to-end s |")
     print("|---|---:|---|---:|---:|---:|")
