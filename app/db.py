@@ -68,6 +68,10 @@ jobs = Table(
     # that stated theirs; NULL: it has its device to itself. gpu_key: the device it was claimed on.
     Column("need_gpu_memory", BigInteger),
     Column("gpu_key", String(200)),
+    # Devices the job spans (1: one; more: DistributedDataParallel over that many workers' devices of one
+    # host, ranks [{"worker", "device"}] in rank order, rank 0 the claiming worker's). NULL reads as 1.
+    Column("devices", Integer),
+    Column("ranks", JSON),
     Column("checkpoint_path", Text),
     Column("checkpoint_epoch", Integer),
     Column("artifact_path", Text),
@@ -103,6 +107,10 @@ workers = Table(
     Column("last_heartbeat", Float, nullable=False),
     # Set by POST /workers/{id}/drain: the worker finishes what it runs and claims nothing more.
     Column("draining", Boolean),
+    # Lent to a multi-device job's run: the worker claims nothing while job lent_to runs under claim
+    # lent_claim (its device is one of that job's ranks). Stale values mean nothing, so no release is needed.
+    Column("lent_to", Integer),
+    Column("lent_claim", Integer),
 )
 
 

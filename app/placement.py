@@ -1,16 +1,20 @@
-"""Placement: which queued jobs a worker may take, and why a job still waits.
+"""Placement: which queued jobs a worker may take, with which other devices, and why a job still waits.
 
 A worker claims for a slot: its device (workers with one key share a GPU) and the memory that
-device offers jobs that state theirs (`resources.gpu_memory_gb`). The queue's claim uses the SQL
-conditions here; the API uses `why_waiting` to tell a client why a job has not started.
+device offers jobs that state theirs (`resources.gpu_memory_gb`). A job on several devices
+(`devices: N`) is claimed by one idle worker that borrows N-1 other idle workers of its host and
+kind (`helpers`): their devices become the job's other ranks, and they claim nothing while that
+run lasts. The queue's claim uses the SQL conditions here; the API uses `why_waiting` to tell a
+client why a job has not started.
 """
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import and_, exists, false, func, or_, select, true
+from sqlalchemy.engine import Connection
 
 from trainyard.app import device_names
-from trainyard.app.db import jobs, workers
+from trainyard.app.db import db_now, jobs, workers
 from trainyard.app.records import Job
 from trainyard.app.states import JobState
 
@@ -23,6 +27,7 @@ class Slot:
     is the memory it offers to jobs that state theirs (None: it takes no such job)."""
     key: str
     budget: int | None = None
+    gang: int = 1  # live, undrained workers of this kind on this host, this one included: the most devices a job here can span
 
 
 def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str | None, slot: Slot | None):
@@ -35,11 +40,54 @@ def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str |
                                   ("entrypoints", jobs.c.need_entrypoint))]
     if worker_id is not None:
         needs.append(~exists().where(workers.c.id == worker_id, workers.c.draining.is_(True)))
+        needs.append(~lent(worker_id))
+    needs.append(func.coalesce(jobs.c.devices, 1) <= (slot.gang if slot else 1))
     if slot is None or slot.budget is None:
         needs.append(jobs.c.need_gpu_memory.is_(None))
     else:
         needs.append(or_(jobs.c.need_gpu_memory.is_(None), jobs.c.need_gpu_memory <= slot.budget))
     return and_(jobs.c.state == QUEUED, jobs.c.device_req.in_(device_names.accepted_by(device)), *needs)
+
+
+def lent(worker_id):
+    """The worker's device is a rank of a multi-device run that is still going (job and claim as lent)."""
+    lender = jobs.alias("lender")
+    return exists().where(workers.c.id == worker_id, lender.c.id == workers.c.lent_to,
+                          lender.c.claim == workers.c.lent_claim, lender.c.state == RUNNING)
+
+
+def helpers(conn: Connection, worker_id: str, device: str, count: int, lease_s: float,
+            lock: bool = False) -> list[dict[str, str]] | None:
+    """`count` idle workers to lend their devices to a job that worker_id claims on `count + 1` devices:
+    same host, same kind of device (every rank on a GPU, or every rank on the CPU), alive, not
+    draining, not lent, running nothing, and (GPUs) each on a distinct GPU nothing else runs on.
+    None when there are not enough yet. lock: take their rows (PostgreSQL), as a claim does."""
+    host = conn.execute(select(workers.c.host).where(workers.c.id == worker_id)).scalar()
+    if host is None:
+        return None
+    kind = workers.c.device == "cpu" if device == "cpu" else workers.c.device.like("cuda%")
+    busy = exists().where(jobs.c.worker_id == workers.c.id, jobs.c.state == RUNNING)
+    q = (select(workers.c.id, workers.c.device, workers.c.stats)
+         .where(workers.c.host == host, workers.c.id != worker_id, workers.c.state != "stopped", kind,
+                workers.c.last_heartbeat > db_now() - lease_s, ~workers.c.draining.is_(True),
+                ~lent(workers.c.id), ~busy)
+         .order_by(workers.c.device, workers.c.id))
+    if lock:
+        q = q.with_for_update(skip_locked=True, of=workers)
+    taken = {k for (k,) in conn.execute(select(jobs.c.gpu_key).where(jobs.c.state == RUNNING,
+                                                                    jobs.c.gpu_key.is_not(None)))}
+    own = conn.execute(select(workers.c.stats).where(workers.c.id == worker_id)).scalar() or {}
+    taken.add(((own.get("slot") or {}).get("key")))
+    chosen = []
+    for w in conn.execute(q):
+        key = ((w.stats or {}).get("slot") or {}).get("key", w.id)
+        if device != "cpu" and key in taken:  # two ranks on one GPU would only contend for it
+            continue
+        taken.add(key)
+        chosen.append({"worker": w.id, "device": w.device})
+        if len(chosen) == count:
+            return chosen
+    return None
 
 
 def fits_now(slot: Slot | None):
@@ -76,6 +124,15 @@ def why_waiting(job: Job, live_workers: list[dict[str, Any]]) -> str | None:
     cands = [w for w in cands if not w.get("draining")]
     if not cands:
         return f"every live worker for device {job.device_req} is draining"
+    if (job.devices or 1) > 1:
+        per_host: dict[tuple[str, bool], int] = {}
+        for w in cands:
+            group = (w["host"], w["device"] == "cpu")
+            per_host[group] = per_host.get(group, 0) + 1
+        most, (host, _) = max((n, g) for g, n in per_host.items())
+        if most < job.devices:
+            return (f"needs {job.devices} devices of one host; the most live, undrained workers of one kind on "
+                    f"one host is {most} ({host})")
     for kind, need in (("models", job.need_model), ("datasets", job.need_dataset),
                        ("entrypoints", job.need_entrypoint)):
         if need is not None:

@@ -12,7 +12,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
 from trainyard.app import placement
-from trainyard.app.db import db_now, jobs, metrics, read, write
+from trainyard.app.db import db_now, jobs, metrics, read, workers, write
 from trainyard.app.errors import Conflict, NotFound
 from trainyard.app.records import Job
 from trainyard.app.spec import PredictJob, RunJob, TrainJob
@@ -33,7 +33,7 @@ def enqueue(engine: Engine, spec: TrainJob | PredictJob | RunJob, idempotency_ke
         idempotency_key=idempotency_key, attempt=0, claim=0, created_at=db_now(), errors=[],
         epoch=0 if spec.kind == "train" else None,
         epochs=spec.train.epochs if spec.kind == "train" else getattr(spec, "epochs", None), parameters=parameters,
-        need_gpu_memory=spec.gpu_memory_bytes,
+        need_gpu_memory=spec.gpu_memory_bytes, devices=spec.device_count,
         **{f"need_{kind[:-1]}": name for kind, name in (needs or {}).items()},
     )
     try:
@@ -132,35 +132,58 @@ def retry(engine: Engine, job_id: int) -> Job:
 # ---- the worker's side ------------------------------------------------------------------------
 
 def has_work(engine: Engine, device: str, plugins: dict[str, list[str]] | None = None,
-             worker_id: str | None = None, slot: placement.Slot | None = None) -> bool:
+             worker_id: str | None = None, slot: placement.Slot | None = None, lease_s: float = 30.0) -> bool:
     """A cheap read so idle workers can poll often without taking SQLite's write lock."""
     with read(engine) as conn:
-        head = select(jobs.c.id).where(jobs.c.id == placement.head(device, plugins, worker_id, slot), placement.fits_now(slot))
-        return conn.execute(head).first() is not None
+        return _startable(conn, device, plugins, worker_id, slot, lease_s, lock=False) is not None
+
+
+def _startable(conn, device, plugins, worker_id, slot, lease_s, lock: bool) -> tuple[int, list[dict]] | None:
+    """The job at the head of this worker's line, if it can start now, and the other ranks it would
+    borrow (none for a one-device job). A head that cannot start holds the worker back (no backfill)."""
+    head = conn.execute(select(jobs.c.id, jobs.c.devices).where(
+        jobs.c.id == placement.head(device, plugins, worker_id, slot), placement.fits_now(slot))).first()
+    if head is None:
+        return None
+    if (head.devices or 1) == 1:
+        return head.id, []
+    if worker_id is None:
+        return None
+    others = placement.helpers(conn, worker_id, device, head.devices - 1, lease_s, lock=lock)
+    return None if others is None else (head.id, others)
 
 
 def claim(engine: Engine, worker_id: str, device: str, lease_s: float,
           plugins: dict[str, list[str]] | None = None, slot: placement.Slot | None = None) -> Job | None:
     """Atomically take the next queued job this worker can run: highest priority first, then oldest.
 
-    One UPDATE ... WHERE id = (SELECT ... LIMIT 1) RETURNING: under BEGIN IMMEDIATE on SQLite, and
-    with FOR UPDATE SKIP LOCKED on PostgreSQL (SQLite ignores it), so no two workers get one job.
-    Workers sharing a device also take a lock on its key first (PostgreSQL), so two of them cannot
-    both count the same free memory.
+    Under BEGIN IMMEDIATE on SQLite, and with FOR UPDATE SKIP LOCKED on PostgreSQL, so no two workers
+    get one job. Workers sharing a device also take a lock on its key first (PostgreSQL), so two of
+    them cannot both count the same free memory; each takes its own worker row too, so that a worker
+    lending its device to another's multi-device job and claiming a job of its own cannot both happen.
     """
     with write(engine) as conn:
-        if slot is not None and conn.dialect.name == "postgresql":
-            conn.execute(select(func.pg_advisory_xact_lock(func.hashtext(slot.key))))
+        if conn.dialect.name == "postgresql":
+            if slot is not None:
+                conn.execute(select(func.pg_advisory_xact_lock(func.hashtext(slot.key))))
+            conn.execute(select(workers.c.id).where(workers.c.id == worker_id).with_for_update())
+        found = _startable(conn, device, plugins, worker_id, slot, lease_s, lock=True)
+        if found is None:
+            return None
+        job_id, others = found
+        ranks = [{"worker": worker_id, "device": device}, *others] if others else None
         row = conn.execute(
-            update(jobs).where(jobs.c.id == placement.head(device, plugins, worker_id, slot), jobs.c.state == QUEUED,
-                               placement.fits_now(slot))
+            update(jobs).where(jobs.c.id == job_id, jobs.c.state == QUEUED)
             .values(state=RUNNING, attempt=jobs.c.attempt + 1, claim=jobs.c.claim + 1,
                     worker_id=worker_id, device=device, started_at=db_now(), finished_at=None,
-                    lease_expires_at=db_now() + lease_s, gpu_key=slot.key if slot else None,
+                    lease_expires_at=db_now() + lease_s, gpu_key=slot.key if slot else None, ranks=ranks,
                     epoch=case((jobs.c.kind != "predict", func.coalesce(jobs.c.checkpoint_epoch, 0)), else_=None))
             .returning(jobs)).first()
         if row is None:
             return None
+        if others:
+            conn.execute(update(workers).where(workers.c.id.in_([o["worker"] for o in others]))
+                         .values(lent_to=row.id, lent_claim=row.claim))
         # Epochs after the last checkpoint will be run again: drop their old records so the
         # metrics history has neither a gap nor a duplicate epoch.
         conn.execute(delete(metrics).where(metrics.c.job_id == row.id,

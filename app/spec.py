@@ -61,6 +61,8 @@ JOB_KINDS = ("train", "predict", "run")
 MAX_PARAMS_BYTES = 64 << 10
 
 MAX_PREDICT_ROWS = 10_000
+# Devices one job may span (ranks of one host).
+MAX_DEVICES = 16
 MAX_ID = 2**53
 # Largest magnitude a float32 holds: inputs beyond it would overflow to inf in the model.
 FLOAT32_MAX = 3.4028234663852886e38
@@ -237,8 +239,28 @@ class _JobBase(_Strict):
         gb = self.resources.gpu_memory_gb if self.resources else None
         return None if gb is None else int(gb * 1e9)
 
+    @property
+    def device_count(self) -> int:
+        return getattr(self, "devices", 1)
 
-class TrainJob(_JobBase):
+
+class _MultiDevice(_JobBase):
+    """Train and run jobs may span several devices of one host (DistributedDataParallel, one process each)."""
+    devices: int = Field(1, ge=1, le=MAX_DEVICES, description="devices of one host the job runs on, one process "
+                         "each (DistributedDataParallel); train.batch_size is per device")
+
+    @model_validator(mode="after")
+    def _whole_devices(self):
+        if self.devices > 1:
+            if self.gpu_memory_bytes is not None:
+                raise ValueError("devices: a multi-device job takes whole devices; drop resources.gpu_memory_gb")
+            if self.device not in ("auto", "cpu", "cuda"):
+                raise ValueError(f"devices: a job on {self.devices} devices names a kind of device "
+                                 f"(auto, cpu or cuda), not one device ({self.device})")
+        return self
+
+
+class TrainJob(_MultiDevice):
     kind: Literal["train"]
     model: ModelSpec
     data: DataSpec
@@ -283,7 +305,7 @@ class PredictJob(_JobBase):
         return self
 
 
-class RunJob(_JobBase):
+class RunJob(_MultiDevice):
     """Your own training program, installed on the workers as an entry point (trainyard.entrypoints)."""
     kind: Literal["run"]
     entrypoint: str = Field(description="an installed entrypoint plugin: fn(ctx, config) -> dict | None")

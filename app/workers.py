@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Engine
 
+from trainyard.app import placement
 from trainyard.app.db import db_now, read, workers, write
 from trainyard.app.errors import Conflict, NotFound
 
@@ -26,6 +27,13 @@ def worker_heartbeat(engine: Engine, worker_id: str, state: str, job_id: int | N
         values["stats"] = stats
     with write(engine) as conn:
         conn.execute(update(workers).where(workers.c.id == worker_id).values(**values))
+
+
+def lent_to(engine: Engine, worker_id: str) -> int | None:
+    """The multi-device job whose run this worker's device serves now, if any."""
+    with read(engine) as conn:
+        return conn.execute(select(workers.c.lent_to).where(workers.c.id == worker_id,
+                                                            placement.lent(worker_id))).scalar()
 
 
 def list_workers(engine: Engine, include_stopped: bool = False) -> tuple[list[dict], float]:

@@ -3,11 +3,13 @@
 The training and inference code only sees this object, never the database or the supervisor,
 so it can be run and tested in-process on the CPU.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+from trainyard.worker.distributed import World
 
 
 class JobError(Exception):
@@ -32,6 +34,8 @@ class JobContext:
     emit: Callable[[dict[str, Any]], None] = lambda event: None
     # True once the worker is shutting down: checkpoint at the next step boundary, then raise Preempted.
     stop_requested: Callable[[], bool] = lambda: False
+    # This process's rank among a multi-device job's processes (rank 0 alone reports, checkpoints, saves).
+    world: World = field(default_factory=World)
 
     def checkpoint_file(self, epoch: int, step: int) -> Path:
         """Each checkpoint gets a file of its own, never overwritten: a stale copy of the job (one

@@ -11,7 +11,7 @@ import secrets
 import shutil
 import signal
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
@@ -109,7 +109,7 @@ class Worker:
     def _next_job(self) -> Job | None:
         try:
             self.housekeeping(state="idle", job_id=None)
-            if self.db(queue.has_work, self.device, self.plugins, self.id, self.slot):
+            if self.db(queue.has_work, self.device, self.plugins, self.id, self.slot, self.settings.lease_s):
                 return self.db(queue.claim, self.id, self.device, self.settings.lease_s, self.plugins, self.slot)
         except OperationalError:
             log.exception("database unavailable; the worker keeps trying")
@@ -147,7 +147,13 @@ class Worker:
         self._next_beat = now + self.settings.heartbeat_s
         # This host's GPUs as NVML sees them now (memory used by every process on them): /devices and
         # the placement of jobs read the freshest heartbeat.
-        self.stats = {**self.stats, "host": hardware.host_reading(self.device)}
+        here = self._live_workers_here()
+        self.slot = replace(self.slot, gang=len([w for w in here["all"] if not w.get("draining")
+                                                 and (w["device"] == "cpu") == (self.device == "cpu")]) or 1)
+        self.stats = {**self.stats, "host": hardware.host_reading(self.device), "slot": asdict(self.slot)}
+        if state == "idle":  # lent to another worker's multi-device job: its device is one of that job's ranks
+            lent = self.db(registry.lent_to, self.id)
+            state, job_id = ("busy", lent) if lent is not None else (state, job_id)
         self.db(registry.worker_heartbeat, self.id, state, job_id, self.stats)
         for jid, new_state in queue.requeue_expired(self.engine):
             log.warning("job %s lost its worker (lease expired): now %s", jid, new_state)
@@ -174,7 +180,7 @@ class Worker:
             model_dir = layout.resolve(model_job.artifact_path)
             model_spec = model_job.spec if model_job.kind == "train" else None
         return JobPlan(
-            job=job, device=self.device, data_dir=self.settings.data_dir, run_dir=run_dir, checkpoint_stem=stem,
+            job=job, device=self.device, ranks=tuple(r["device"] for r in job.ranks or ()), data_dir=self.settings.data_dir, run_dir=run_dir, checkpoint_stem=stem,
             resume_from=layout.resolve(job.checkpoint_path) if job.checkpoint_path else None,
             threads=max(1, (os.cpu_count() or 1) // max(1, len(here["cpu"]))) if self.device == "cpu" else None,
             memory_budget=memory.budget(self.settings.job_memory_bytes, self.settings.job_memory_share,

@@ -23,3 +23,4 @@ class JobPlan:
     model_dir: Path | None = None    # predict: the train job's artifact
     model_spec: dict | None = None   # predict: the train job's spec (None for a run job's model)
     log_path: Path | None = None     # what the job process prints is appended here
+    ranks: tuple[str, ...] = ()      # a multi-device job's devices, rank 0 (this worker's) first; () for one device

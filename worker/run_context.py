@@ -12,6 +12,11 @@
         ctx.save_model(model, arch="mynet", input_shape=[3, 32, 32], class_names=classes)
         return {"accuracy": acc}
 
+With `"devices": N` the program runs once per device, in N processes of one host with torch.distributed
+set up (ctx.rank, ctx.world_size): wrap the model with ctx.parallel(model), train each rank on its own
+shard of the data, and call should_stop() at the same points on every rank (the ranks vote: a stop
+reaches rank 0 first). Only rank 0's reports, checkpoints and model are kept.
+
 The same program runs outside trainyard with Context.local(), which keeps everything in memory
 and a temporary directory: handy for a first try, and what bench/run_overhead.py measures against.
 """
@@ -26,7 +31,7 @@ import torch
 from torch import nn
 
 from trainyard.app.spec import ModelSpec
-from trainyard.worker import artifacts, nets, torch_devices
+from trainyard.worker import artifacts, distributed, nets, torch_devices
 from trainyard.worker.context import JobContext, JobError
 
 # Types a checkpoint may hold: restore() loads it with torch.load(weights_only=True), nothing unpickled.
@@ -56,6 +61,21 @@ class Context:
     def data_dir(self) -> Path:
         return self._job.data_dir
 
+    @property
+    def rank(self) -> int:
+        return self._job.world.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._job.world.size
+
+    def parallel(self, model: nn.Module) -> nn.Module:
+        """The model as it should be trained: in DistributedDataParallel on several devices, as is on one."""
+        if self.world_size == 1:
+            return model
+        ids = [self.device] if self.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
     # -- progress -----------------------------------------------------------------------------
 
     def report(self, epoch: int, **metrics: float) -> None:
@@ -79,8 +99,9 @@ class Context:
 
     def should_stop(self) -> bool:
         """True once the job must stop: its worker is shutting down, it was cancelled or ran out of time.
-        Checkpoint and return: the job is requeued (shutdown) or ends as cancelled or timed out."""
-        return self._job.stop_requested()
+        Checkpoint and return: the job is requeued (shutdown) or ends as cancelled or timed out.
+        On several devices every rank must call it at the same points: the ranks agree."""
+        return distributed.any_true(self._job.stop_requested(), self._job.world)
 
     # -- checkpoints --------------------------------------------------------------------------
 
@@ -88,6 +109,8 @@ class Context:
         """Save state (tensors and plain data: numbers, strings, lists, dicts) atomically. A resumed run
         gets the latest back from restore(); epochs reported after it are run and reported again."""
         _check_plain(state, "state")
+        if self.rank > 0:  # rank 0's is the job's
+            return
         self._checkpoints += 1
         path = self._job.checkpoint_file(self._last_epoch, self._checkpoints)
         artifacts.save_checkpoint(path, state)
@@ -108,6 +131,10 @@ class Context:
         a train job's. With arch (built-in or a model plugin, plus its params or fields), input_shape and
         class_names (or num_classes), predict jobs rebuild it; name `dataset` (a built-in's scaling) or
         `pixels` (0..255 images) for raw inputs to be scaled like its training data."""
+        if self.rank > 0:
+            return
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
         extra = {k: v for k, v in meta.items() if k not in _MODEL_KEYS}
         try:
             json.dumps(extra)

@@ -23,7 +23,7 @@ import torch
 
 from trainyard.app.spec import parse_spec
 from trainyard.app.states import Failure, error_record
-from trainyard.worker import entrypoints, infer, memory, torch_devices, train
+from trainyard.worker import distributed, entrypoints, infer, memory, torch_devices, train
 from trainyard.worker.context import JobContext, Preempted
 from trainyard.worker.plan import JobPlan
 
@@ -55,17 +55,23 @@ def run(plan: JobPlan, conn: Connection) -> None:
 
 def execute(plan: JobPlan, emit: Callable[[dict], None], own_process: bool = False) -> None:
     """Run the job, ending with exactly one of the events done, error or preempted. In its own
-    process (own_process) it first sets the process-wide limits: threads, memory."""
-    device, batch_size = None, None
+    process (own_process) it first sets the process-wide limits (threads, memory) and, for a job on
+    several devices, forks its other ranks (worker/distributed.py)."""
+    device, batch_size, world = None, None, distributed.World()
     try:
         spec = parse_spec(plan.job.spec)
         batch_size = spec.train.batch_size if spec.kind == "train" else getattr(spec, "batch_size", None)
-        device = torch_devices.resolve(plan.device)
+        if len(plan.ranks) > 1:
+            if not own_process:
+                raise RuntimeError("a job on several devices forks its ranks: run it in a process of its own")
+            world, emit = distributed.fork_ranks(len(plan.ranks), emit, lambda line: emit({"type": "log", "line": line}))
+        device = torch_devices.resolve(plan.ranks[world.rank] if plan.ranks else plan.device)
         if own_process:
             _limit(plan, device)
+        distributed.init(world, device, plan.checkpoint_stem.with_name(plan.checkpoint_stem.name + ".ranks"))
         ctx = JobContext(job_id=plan.job.id, device=device, data_dir=plan.data_dir, artifact_dir=plan.run_dir,
                          checkpoint_path=plan.checkpoint_stem, resume_path=plan.resume_from, emit=emit,
-                         stop_requested=lambda: _stop)
+                         stop_requested=lambda: _stop, world=world)
         if spec.kind == "train":
             result = train.train(spec, ctx)
         elif spec.kind == "run":

@@ -1,0 +1,169 @@
+"""Jobs on several devices: two CPU ranks over gloo take the same steps as one process with their
+whole batch; a stopped multi-rank job resumes exactly; a rank that dies ends the job, leaving no rank."""
+import multiprocessing as mp
+import os
+import re
+import signal
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import tiny_job
+from tests.test_runner import job_record
+from trainyard.worker import distributed, runner
+from trainyard.worker.plan import JobPlan
+
+TERMINAL = ("done", "error", "preempted")
+
+
+def plan_for(tmp_path, spec, ranks=(), name="run", resume_from=None) -> JobPlan:
+    run_dir, ck = tmp_path / name / "art", tmp_path / name / "ck"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ck.mkdir(parents=True, exist_ok=True)
+    return JobPlan(job=job_record(spec), device="cpu", data_dir=tmp_path, run_dir=run_dir,
+                   checkpoint_stem=ck / "run-1.pt", resume_from=resume_from, threads=1, ranks=tuple(ranks))
+
+
+class JobProcess:
+    """The job process as a supervisor sees it: a process of its own and a pipe of events."""
+
+    def __init__(self, plan: JobPlan):
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=runner.run, args=(plan, child))
+        self.proc.start()
+        child.close()
+        self.events: list[dict] = []
+
+    def next_event(self, timeout: float = 120) -> dict:
+        assert self.conn.poll(timeout), f"no event in {timeout}s: {self.events}"
+        self.events.append(self.conn.recv())
+        return self.events[-1]
+
+    def until(self, kinds, timeout: float = 120) -> dict:
+        while True:
+            event = self.next_event(timeout)
+            if event["type"] in kinds:
+                return event
+            assert event["type"] not in TERMINAL, event
+
+    def finish(self, timeout: float = 120) -> dict:
+        final = self.until(TERMINAL, timeout)
+        self.proc.join(30)
+        return final
+
+    def rank_pids(self) -> list[int]:
+        return [int(m) for e in self.events if e["type"] == "log" for m in re.findall(r"rank \d+ pid (\d+)", e["line"])]
+
+
+def run_plan(plan: JobPlan) -> tuple[dict, list[dict]]:
+    p = JobProcess(plan)
+    final = p.finish()
+    return final, p.events
+
+
+def epochs_of(events) -> list[dict]:
+    return [e for e in events if e["type"] == "epoch"]
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("per_rank,val_fraction", [
+    (16, 0.2),   # 120 samples: three global batches of 32, then one of 24 (12 per rank)
+    (52, 0.3),   # 105 samples: a global batch of 104, then one sample: rank 1 has none and steps with scale 0
+])
+def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(tmp_path, per_rank, val_fraction):
+    base = tiny_job(epochs=4, lr=0.05, optimizer="adam")
+    base["model"] = {"arch": "mlp", "hidden": [16, 16]}
+    base["data"]["val_fraction"] = val_fraction
+    one = {**base, "train": {**base["train"], "batch_size": 2 * per_rank}}
+    two = {**base, "train": {**base["train"], "batch_size": per_rank}, "devices": 2}
+
+    single, single_events = run_plan(plan_for(tmp_path, one, name="one"))
+    double, double_events = run_plan(plan_for(tmp_path, two, ranks=("cpu", "cpu"), name="two"))
+    assert single["type"] == double["type"] == "done", (single, double)
+    assert double["result"]["devices"] == 2 and single["result"]["devices"] == 1
+
+    a, b = epochs_of(single_events), epochs_of(double_events)
+    assert [e["epoch"] for e in b] == [1, 2, 3, 4]  # rank 0 alone reports
+    for x, y in zip(a, b):
+        assert y["train_loss"] == pytest.approx(x["train_loss"], rel=1e-5, abs=1e-6)
+        assert y["val_loss"] == pytest.approx(x["val_loss"], rel=1e-5, abs=1e-6)
+    w1 = load_file(tmp_path / "one" / "art" / "model.safetensors")
+    w2 = load_file(tmp_path / "two" / "art" / "model.safetensors")
+    assert w1.keys() == w2.keys()  # a plain model's state_dict: no "module." prefix
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=1e-5, atol=1e-6)
+    # And the steps really moved the weights: the comparison is not between two untouched models.
+    assert a[-1]["train_loss"] < a[0]["train_loss"]
+
+
+def test_a_stopped_two_rank_job_checkpoints_and_resumes_exactly(tmp_path):
+    spec = {**tiny_job(epochs=30, lr=0.01, batch_size=8), "devices": 2}
+    spec["model"] = {"arch": "mlp", "hidden": [32], "dropout": 0.2}  # dropout: each rank's RNG matters
+    whole, whole_events = run_plan(plan_for(tmp_path, spec, ranks=("cpu", "cpu"), name="whole"))
+    assert whole["type"] == "done"
+
+    first = JobProcess(plan_for(tmp_path, spec, ranks=("cpu", "cpu"), name="first"))
+    first.until(("epoch",))
+    os.kill(first.proc.pid, signal.SIGTERM)  # as the supervisor stops a job on shutdown: rank 0 only
+    ck = first.until(("checkpoint",))
+    assert first.finish()["type"] == "preempted"
+    assert all(gone(pid) for pid in first.rank_pids())
+
+    resumed, resumed_events = run_plan(plan_for(tmp_path, spec, ranks=("cpu", "cpu"), name="second",
+                                                resume_from=type(tmp_path)(ck["path"])))
+    assert resumed["type"] == "done" and resumed["result"]["resumed_from_epoch"] == ck["epoch"]
+    # Same weights as the run that was never stopped: every rank's RNG and position came back.
+    w1 = load_file(tmp_path / "whole" / "art" / "model.safetensors")
+    w2 = load_file(tmp_path / "second" / "art" / "model.safetensors")
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=0, atol=0)
+    last = {e["epoch"]: e["train_loss"] for e in epochs_of(whole_events)}
+    for e in epochs_of(resumed_events):
+        if e["epoch"] > ck["epoch"] + 1:  # a mid-epoch resume's first epoch reports only its own part's time
+            assert e["train_loss"] == pytest.approx(last[e["epoch"]], abs=0)
+
+
+def test_a_rank_that_dies_ends_the_job_and_no_rank_is_left(tmp_path):
+    spec = {**tiny_job(epochs=10000, batch_size=8), "devices": 2}
+    p = JobProcess(plan_for(tmp_path, spec, ranks=("cpu", "cpu")))
+    p.until(("epoch",))
+    [rank1] = p.rank_pids()
+    os.kill(rank1, signal.SIGKILL)
+    final = p.finish(timeout=30)
+    assert final["type"] == "error" and final["error"]["class"] == "infrastructure", final
+    assert "rank 1" in final["error"]["message"] and "signal 9" in final["error"]["message"]
+    assert not p.proc.is_alive()
+
+
+def test_killing_rank_0_takes_the_other_ranks_with_it(tmp_path):
+    spec = {**tiny_job(epochs=10000, batch_size=8), "devices": 3}
+    p = JobProcess(plan_for(tmp_path, spec, ranks=("cpu", "cpu", "cpu")))
+    p.until(("epoch",))
+    pids = p.rank_pids()
+    assert len(pids) == 2
+    os.kill(p.proc.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(gone(pid) for pid in pids)
+
+
+def test_shard_splits_a_global_batch_so_the_mean_gradient_is_the_whole_batch_s():
+    idx = torch.arange(7)
+    parts = [distributed.shard(idx, distributed.World(r, 3)) for r in range(3)]
+    assert [p[0].tolist() for p in parts] == [[0, 1, 2], [3, 4], [5, 6]]
+    # DDP averages over 3 ranks: sum(scale_r * mean_r) / 3 == sum over all 7 / 7
+    assert sum(p[2] for p in parts) / 3 == pytest.approx(1.0)
+    assert [p[1] for p in parts] == [3, 2, 2]
+    empty = distributed.shard(torch.arange(1), distributed.World(1, 2))
+    assert empty[1] == 0 and empty[2] == 0.0 and empty[0].tolist() == [0]

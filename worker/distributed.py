@@ -1,0 +1,178 @@
+"""Jobs on several devices of one host: one process per rank, gradients all-reduced (DDP).
+
+Rank 0 is the job process its supervisor started and watches. Before it touches a device it forks
+the other ranks (fork, not spawn: the fork server already paid for `import torch`, and CUDA is
+still untouched), and they die with it (PR_SET_PDEATHSIG): a kill or a cancel of the job stops
+every rank. A rank that fails sends its error to rank 0 and exits; rank 0's watch reports that
+error as the job's and ends the job process, so no rank waits on a collective that cannot finish.
+The ranks meet through a file store beside the run's checkpoints, NCCL on CUDA and gloo on the CPU
+(plus a gloo group for the per-step stop vote, so that vote never waits for the GPU). Only rank 0
+reports, checkpoints and writes the artifact.
+"""
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from trainyard.app.states import Failure, error_record
+
+PR_SET_PDEATHSIG = 1
+# Collectives wait this long for a missing rank; a rank that dies is noticed at once by rank 0's watch.
+TIMEOUT = timedelta(minutes=10)
+# Rank 0 whose collective broke waits this long for the rank that broke it to report why.
+REASON_WAIT_S = 2.0
+TERMINAL = ("done", "error", "preempted")
+
+
+@dataclass
+class World:
+    """This process's place among a job's ranks. size 1: a one-device job, nothing distributed."""
+    rank: int = 0
+    size: int = 1
+    control: Any = field(default=None, repr=False)  # the gloo group the stop vote and checkpoint RNG states use
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+
+class RankWatch:
+    """Rank 0's view of the other ranks: forwards rank 0's events, and turns a rank's failure into the
+    job's error event before ending the job process."""
+
+    def __init__(self, emit: Callable[[dict], None]):
+        self._emit = emit
+        self._lock = threading.Lock()
+        self._ended = False
+        self._rank_failed = threading.Event()
+
+    def emit(self, event: dict) -> None:
+        if event.get("type") == "error" and self._rank_failed.wait(REASON_WAIT_S):
+            # Rank 0's own error is the broken collective; the rank that broke it reports, then exits us.
+            time.sleep(REASON_WAIT_S * 5)
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = event.get("type") in TERMINAL
+            self._emit(event)
+
+    def watch(self, rank: int, pid: int, errors: int) -> None:
+        threading.Thread(target=self._wait, args=(rank, pid, errors), daemon=True, name=f"rank-{rank}").start()
+
+    def _wait(self, rank: int, pid: int, errors: int) -> None:
+        _, status = os.waitpid(pid, 0)
+        with os.fdopen(errors, "rb") as f:
+            sent = f.read()
+        code = os.waitstatus_to_exitcode(status)
+        if code == 0:
+            return
+        self._rank_failed.set()
+        if sent:
+            error = json.loads(sent)
+        else:
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+            error = error_record(Failure.INFRASTRUCTURE, "RankLost", f"rank {rank} (pid {pid}) {how}")
+        with self._lock:
+            if not self._ended:
+                self._ended = True
+                self._emit({"type": "error", "error": {**error, "message": f"rank {rank}: {error['message']}"}})
+        os._exit(1)
+
+
+def fork_ranks(size: int, emit: Callable[[dict], None], log: Callable[[str], None]
+               ) -> tuple[World, Callable[[dict], None]]:
+    """In rank 0 (the job process): fork ranks 1..size-1. Returns this process's World and the emit it
+    uses: rank 0's goes through its RankWatch, another rank's sends only its error, to rank 0."""
+    watch = RankWatch(emit)
+    for rank in range(1, size):
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_end)
+            _die_with_parent()
+            return World(rank, size), _rank_emit(write_end)
+        os.close(write_end)
+        watch.watch(rank, pid, read_end)
+        log(f"rank {rank} pid {pid}")
+    return World(0, size), watch.emit
+
+
+def _rank_emit(fd: int) -> Callable[[dict], None]:
+    def emit(event: dict) -> None:
+        if event.get("type") == "error":
+            os.write(fd, json.dumps(event["error"]).encode())
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+    return emit
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # rank 0 died before the line above: follow it
+        os._exit(1)
+
+
+def init(world: World, device: torch.device, store: Path) -> None:
+    """Join the job's process group (every rank calls this once, before building the model)."""
+    if world.size == 1:
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=world.rank, world_size=world.size,
+                            timeout=TIMEOUT)
+    world.control = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+
+
+def any_true(flag: bool, world: World) -> bool:
+    """True on every rank when it is true on any (a stop request reaches rank 0 only). On the CPU: it
+    never waits for the device."""
+    if world.size == 1:
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=world.control)
+    return bool(t.item())
+
+
+def total(values: torch.Tensor, world: World) -> torch.Tensor:
+    """values summed over the ranks (values itself when there is one)."""
+    if world.size == 1:
+        return values
+    out = values.clone()
+    dist.all_reduce(out)
+    return out
+
+
+def gather(obj: Any, world: World) -> list[Any] | None:
+    """Every rank's obj, in rank order, on rank 0 (None elsewhere); [obj] for one rank."""
+    if world.size == 1:
+        return [obj]
+    out = [None] * world.size if world.leader else None
+    dist.gather_object(obj, out, dst=0, group=world.control)
+    return out
+
+
+def shard(idx: torch.Tensor, world: World) -> tuple[torch.Tensor, int, float]:
+    """This rank's part of a global batch of sample indices: (indices, samples it counts, loss scale).
+
+    DDP averages the ranks' gradients; scaling each rank's mean loss by its share of the batch times
+    the world size makes that average the gradient of the whole batch's mean loss, as one process
+    taking the whole batch would get. A rank left without samples (a last batch smaller than the
+    world) steps on the batch with scale 0: it must still take part in the all-reduce.
+    """
+    part = idx.tensor_split(world.size)[world.rank]
+    if len(part) == 0:
+        return idx, 0, 0.0
+    return part, len(part), len(part) * world.size / len(idx)
