@@ -68,7 +68,7 @@ def helpers(conn: Connection, worker_id: str, device: str, count: int, lease_s: 
     kind = workers.c.device == "cpu" if device == "cpu" else workers.c.device.like("cuda%")
     busy = exists().where(jobs.c.worker_id == workers.c.id, jobs.c.state == RUNNING)
     q = (select(workers.c.id, workers.c.device, workers.c.stats)
-         .where(workers.c.host == host, workers.c.id != worker_id, workers.c.state != "stopped", kind,
+         .where(workers.c.host == host, workers.c.id != worker_id, workers.c.state.in_(("idle", "busy")), kind,
                 workers.c.last_heartbeat > db_now() - lease_s, ~workers.c.draining.is_(True),
                 ~lent(workers.c.id), ~busy)
          .order_by(workers.c.device, workers.c.id))

@@ -91,6 +91,56 @@ def test_jobs_that_state_their_gpu_memory_share_a_device_within_its_budget(engin
     assert queue.get_job(engine, too_big.id).state == "queued"
 
 
+def test_a_multi_device_job_borrows_idle_workers_of_its_host_and_kind(engine):
+    """Gang claim: one claim takes the job and lends it idle workers of the same host and kind; the lent
+    workers claim nothing while that run lasts; a job on N devices waits, without backfill, until N are idle."""
+    from trainyard.app import workers
+    from trainyard.app.placement import Slot
+    for w, host, device in (("a", "h1", "cpu"), ("b", "h1", "cpu"), ("c", "h1", "cpu"), ("g", "h1", "cuda:0"),
+                            ("x", "h2", "cpu")):
+        workers.register_worker(engine, w, host, 1, device, {})
+    three = Slot("a", None, gang=3)
+    small = submit(engine)
+    wide = submit(engine, devices=3)
+    after = submit(engine)
+    busy = queue.claim(engine, "b", "cpu", 10, None, Slot("b", None, gang=3))
+    assert busy.id == small.id and busy.ranks is None
+    # The head is the 3-device job; b is busy, so a and c wait for it rather than taking `after`.
+    assert not queue.has_work(engine, "cpu", None, "a", three) and queue.claim(engine, "a", "cpu", 10, None, three) is None
+    assert queue.claim(engine, "c", "cpu", 10, None, Slot("c", None, gang=3)) is None
+    # A worker whose host has fewer such workers than the job needs is not held back by it.
+    assert queue.claim(engine, "x", "cpu", 10, None, Slot("x", None, gang=1)).id == after.id
+    assert queue.succeed(engine, small.id, busy.claim, {}, None)
+    assert queue.has_work(engine, "cpu", None, "a", three)
+    got = queue.claim(engine, "a", "cpu", 10, None, three)
+    assert got.id == wide.id and got.devices == 3
+    assert got.ranks == [{"worker": "a", "device": "cpu"}, {"worker": "b", "device": "cpu"},
+                         {"worker": "c", "device": "cpu"}]  # same host, same kind: not g (cuda), not x (h2)
+    assert workers.lent_to(engine, "b") == wide.id and workers.lent_to(engine, "g") is None
+    late = submit(engine)
+    for w in ("b", "c"):  # lent: they claim nothing while the run lasts
+        assert not queue.has_work(engine, "cpu", None, w, Slot(w, None, gang=3))
+        assert queue.claim(engine, w, "cpu", 10, None, Slot(w, None, gang=3)) is None
+    # The run ends (here: requeued by a lost lease would do too): the lend means nothing any more.
+    assert queue.succeed(engine, wide.id, got.claim, {}, None)
+    assert workers.lent_to(engine, "b") is None
+    assert queue.claim(engine, "b", "cpu", 10, None, Slot("b", None, gang=3)).id == late.id
+
+
+def test_a_multi_device_job_takes_distinct_idle_gpus_and_no_draining_worker(engine):
+    from trainyard.app import workers
+    from trainyard.app.placement import Slot
+    for w, device, uuid in (("g0", "cuda:0", "GPU-0"), ("g0b", "cuda:0", "GPU-0"), ("g1", "cuda:1", "GPU-1"),
+                            ("g2", "cuda:2", "GPU-2")):
+        workers.register_worker(engine, w, "h", 1, device, {"slot": {"key": uuid}})
+    slot = lambda w, uuid: Slot(uuid, None, gang=4)  # noqa: E731
+    job = submit(engine, device="cuda", devices=2)
+    workers.set_draining(engine, "g1", True)
+    got = queue.claim(engine, "g0", "cuda:0", 10, None, slot("g0", "GPU-0"))
+    # g0b shares g0's GPU (a second rank there would only contend for it); g1 is draining.
+    assert got.id == job.id and got.ranks == [{"worker": "g0", "device": "cuda:0"}, {"worker": "g2", "device": "cuda:2"}]
+
+
 def test_a_worker_that_offers_no_device_memory_takes_no_job_that_states_some(engine):
     from trainyard.app.placement import Slot
     job = submit(engine, device="auto", resources={"gpu_memory_gb": 1})

@@ -53,6 +53,7 @@ class Worker:
         self.slot = placement.Slot(self.id)  # run() finds the device's own
         self.stats: dict[str, Any] = {}
         self._next_beat = 0.0
+        self._marked_stopping = False
 
     def db(self, fn, *args, **kw):
         """Call a queue function, riding out a database that is briefly unreachable (a PostgreSQL
@@ -151,12 +152,21 @@ class Worker:
         self.slot = replace(self.slot, gang=len([w for w in here["all"] if not w.get("draining")
                                                  and (w["device"] == "cpu") == (self.device == "cpu")]) or 1)
         self.stats = {**self.stats, "host": hardware.host_reading(self.device), "slot": asdict(self.slot)}
-        if state == "idle":  # lent to another worker's multi-device job: its device is one of that job's ranks
+        if self._marked_stopping:
+            state = "stopping"
+        elif state == "idle":  # lent to another worker's multi-device job: its device is one of that job's ranks
             lent = self.db(registry.lent_to, self.id)
             state, job_id = ("busy", lent) if lent is not None else (state, job_id)
         self.db(registry.worker_heartbeat, self.id, state, job_id, self.stats)
         for jid, new_state in queue.requeue_expired(self.engine):
             log.warning("job %s lost its worker (lease expired): now %s", jid, new_state)
+
+    def mark_stopping(self, job_id: int | None) -> None:
+        """Shown before the job is requeued: no other worker may count this one's device as free to borrow
+        while it leaves (placement.helpers takes idle or busy workers only)."""
+        if not self._marked_stopping:
+            self._marked_stopping = True
+            self.db(registry.worker_heartbeat, self.id, "stopping", job_id)
 
     def note_torch_memory(self, metrics: dict) -> None:
         """Keep a job's latest allocator stats for the next heartbeat (/devices shows them)."""

@@ -104,6 +104,7 @@ class JobRun:
 
     def check_stops(self, now: float) -> None:
         if self.worker.stopping and self.stop_reason is None:
+            self.worker.mark_stopping(self.job.id)
             self.begin_stop("shutdown", self.worker.settings.grace_s)
         timeout = self.job.timeout_s
         if timeout and now - self.started > timeout and self.stop_reason is None:
@@ -165,6 +166,8 @@ class JobRun:
         """The job process was stopped (it checkpointed first if it could): why decides what follows.
         A SIGTERM we did not send (systemd, a container runtime signalling every process) is a shutdown."""
         if self.stop_reason in (None, "shutdown"):
+            if self.worker.stopping:
+                self.worker.mark_stopping(self.job.id)
             self.sum_up()
             self.outcome = "queued" if self.db(queue.requeue_preempted) else "lost"
             self.log("requeued without using an attempt (worker shutting down)")

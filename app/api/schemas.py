@@ -35,7 +35,9 @@ class JobPublic(BaseModel):
     max_attempts: int
     runs: int = Field(description="times the job has been claimed by a worker")
     worker_id: str | None
-    device: str | None = Field(description="the device the job ran on")
+    device: str | None = Field(description="the device the job ran on (rank 0's, for a job on several devices)")
+    ranks: list[dict[str, str]] | None = Field(None, description="a job on several devices: each rank's worker and "
+                                                                 "device, rank 0 first, for its latest run")
     progress: Progress
     latest_metrics: dict[str, Any] | None
     peak_memory_allocated: int | None = Field(description="peak torch.cuda.max_memory_allocated (bytes, CUDA only)")
@@ -65,7 +67,7 @@ class JobPublic(BaseModel):
             id=job.id, kind=job.kind, name=job.name, state=job.state, spec=job.spec, priority=job.priority,
             created_at=ts(job.created_at), started_at=ts(job.started_at), finished_at=ts(job.finished_at),
             attempt=job.attempt, max_attempts=job.max_attempts, runs=job.claim, worker_id=job.worker_id,
-            device=job.device, progress=Progress.model_construct(epoch=job.epoch, epochs=job.epochs),
+            device=job.device, ranks=job.ranks, progress=Progress.model_construct(epoch=job.epoch, epochs=job.epochs),
             latest_metrics=job.latest_metrics, peak_memory_allocated=job.peak_memory_allocated,
             peak_memory_reserved=job.peak_memory_reserved, checkpoint_epoch=job.checkpoint_epoch,
             parameters=job.parameters, error=error,
@@ -113,7 +115,8 @@ class WorkerPublic(BaseModel):
     host: str
     pid: int
     device: str
-    state: str = Field(description="idle, busy, stopped, or lost (no heartbeat within the lease)")
+    state: str = Field(description="idle, busy (running a job, or lending its device to one), stopping, stopped, "
+                       "or lost (no heartbeat within the lease)")
     job_id: int | None
     started_at: datetime
     last_heartbeat: datetime
