@@ -6,7 +6,9 @@ Unattended, in a few minutes on a fresh GPU host, it runs:
    FakeData, checked to succeed on cuda:0 with its allocator peak recorded, then a predict job on it;
 3. with two or more GPUs, one job per GPU at once, each on its own worker, and /devices showing each
    GPU (by UUID) with its worker;
-4. the training-throughput benchmark on cuda:0 against the hand-written loops (`--quick`).
+4. with two or more GPUs, a 2-device job (DistributedDataParallel over NCCL) on two GPU workers,
+   against the same job on one GPU (samples/s of each);
+5. the training-throughput benchmark on cuda:0 against the hand-written loops (`--quick`).
 
 It prints one table: the device, driver and torch build, then each check with its figures, and
 what it skipped and why. Exit code: 0 all run checks passed, 1 one failed, 2 no CUDA device here
@@ -87,6 +89,35 @@ def service_job(devices: list[str]) -> tuple[bool, str]:
         svc.stop()
 
 
+def two_device_job(devices: list[str]) -> tuple[bool, str]:
+    """The same job on one device and on two (DDP, half the per-device batch: the same steps), through
+    the service on two workers; both must succeed, the second on two distinct devices."""
+    svc = Service.isolated(Path(tempfile.mkdtemp(prefix="trainyard-gpu-check-")) / "data")
+    kind = "cpu" if devices[0] == "cpu" else "cuda"
+    try:
+        svc.start_server()
+        for d in devices:
+            svc.start_worker(d, wait=False)
+        svc.wait_until(lambda: len(svc.client().get("/workers").json()) == len(devices), 180, "workers")
+        half = {**JOB["train"], "batch_size": JOB["train"]["batch_size"] // 2}
+        one = svc.wait_state(svc.submit({**JOB, "device": kind})["id"], timeout=300)
+        two = svc.wait_state(svc.submit({**JOB, "device": kind, "devices": 2, "train": half})["id"], timeout=300)
+        for j in (one, two):
+            if j["state"] != JobState.SUCCEEDED:
+                return False, f"job {j['id']} {j['state']}: {j['error']}"
+        ranks = [r["device"] for r in two["ranks"] or []]
+        if len(ranks) != 2 or (kind == "cuda" and len(set(ranks)) != 2) or two["result"]["devices"] != 2:
+            return False, f"the 2-device job ran on {ranks} (result devices {two['result'].get('devices')})"
+        rate = lambda j: j["result"]["samples_per_s"] or 0.0  # noqa: E731
+        return True, (f"2 ranks on {', '.join(ranks)}: {rate(two):,.0f} samples/s, acc {two['result']['val_accuracy']:.2f}; "
+                      f"1 device: {rate(one):,.0f} samples/s, acc {one['result']['val_accuracy']:.2f}; "
+                      f"{rate(two) / max(rate(one), 1e-9):.2f}x")
+    except Exception as exc:  # a check that cannot finish is a failed check, with its reason
+        return False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+    finally:
+        svc.stop()
+
+
 def throughput() -> tuple[bool, str]:
     r = subprocess.run([sys.executable, "-m", "bench.train_throughput", "--quick", "--device", "cuda:0"], cwd=ROOT,
                        capture_output=True, text=True, timeout=420)
@@ -102,7 +133,8 @@ def main() -> int:
     checks: list[tuple[str, str, str]] = []
     if not torch.cuda.is_available():
         why = "no CUDA device here (torch.cuda.is_available() is False)"
-        for name in ("CUDA-marked tests", "a training job on cuda:0", "one job per GPU at once", "throughput on cuda:0"):
+        for name in ("CUDA-marked tests", "a training job on cuda:0", "one job per GPU at once", "a 2-device job (DDP)",
+                     "throughput on cuda:0"):
             checks.append((name, "skipped", why))
         code = 2
     else:
@@ -111,8 +143,10 @@ def main() -> int:
         checks.append(("a training job on cuda:0 (service)", *_status(service_job(["cuda:0"]))))
         if n >= 2:
             checks.append((f"one job per GPU at once ({n} GPUs)", *_status(service_job([f"cuda:{i}" for i in range(n)]))))
+            checks.append(("a 2-device job (DDP, NCCL) vs one GPU", *_status(two_device_job(["cuda:0", "cuda:1"]))))
         else:
             checks.append(("one job per GPU at once", "skipped", "one GPU on this host"))
+            checks.append(("a 2-device job (DDP)", "skipped", "one GPU on this host"))
         checks.append(("throughput on cuda:0 (bench.train_throughput --quick)", *_status(throughput())))
         code = 1 if any(status == "FAILED" for _, status, _ in checks) else 0
     print("\n| | |\n|---|---|")

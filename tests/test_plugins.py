@@ -177,3 +177,29 @@ def test_jobs_wait_for_a_worker_that_has_their_plugins(tmp_path):
         assert done["worker_id"] != svc.job(plain["id"])["worker_id"]
     finally:
         svc.stop()
+
+
+def test_a_run_job_on_two_devices_trains_with_ddp_stops_together_and_resumes(tmp_path):
+    """Your own program on two CPU ranks: ctx.parallel, a DistributedSampler, the ranks' stop vote; a
+    SIGTERM reaches rank 0 only, yet every rank leaves, and the job resumes on two devices from restore()."""
+    svc = Service(tmp_path / "data").start_server()
+    try:
+        svc.start_worker("cpu")
+        svc.start_worker("cpu")
+        job = svc.submit({**cifar(12, step_sleep=0.01), "devices": 2})
+        svc.wait_until(lambda: (svc.job(job["id"])["checkpoint_epoch"] or 0) >= 1, 120, "first checkpoint")
+        running = svc.job(job["id"])
+        assert len(running["ranks"]) == 2
+        leader = next(w for w in svc.client().get("/workers").json() if w["id"] == running["ranks"][0]["worker"])
+        pids = [int(p) for p in re.findall(r"rank 1 pid (\d+)", svc_logs(svc, job["id"]))] + job_pids(svc, job["id"])
+        os.kill(leader["pid"], signal.SIGTERM)
+        svc.wait_until(lambda: svc.job(job["id"])["state"] == "queued", 30, "the job to be requeued")
+        svc.wait_until(lambda: not any(alive(p) for p in pids), 10, "every rank to exit")
+        svc.start_worker("cpu")
+        done = svc.wait_state(job["id"], timeout=240)
+        assert done["state"] == "succeeded" and done["runs"] == 2, done
+        assert [m["epoch"] for m in metrics(svc, job["id"])] == list(range(1, 13))
+        assert re.search(r"resumed after epoch (\d+)", svc_logs(svc, job["id"]))
+        assert len(done["ranks"]) == 2
+    finally:
+        svc.stop()
