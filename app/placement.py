@@ -27,7 +27,8 @@ class Slot:
     is the memory it offers to jobs that state theirs (None: it takes no such job)."""
     key: str
     budget: int | None = None
-    gang: int = 1  # live, undrained workers of this kind on this host, this one included: the most devices a job here can span
+    # Live, undrained workers of this kind on this host, this one included: the most devices a job here can span.
+    gang: int = 1
 
 
 def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str | None, slot: Slot | None):

@@ -109,7 +109,8 @@ def two_device_job(devices: list[str]) -> tuple[bool, str]:
         if len(ranks) != 2 or (kind == "cuda" and len(set(ranks)) != 2) or two["result"]["devices"] != 2:
             return False, f"the 2-device job ran on {ranks} (result devices {two['result'].get('devices')})"
         rate = lambda j: j["result"]["samples_per_s"] or 0.0  # noqa: E731
-        return True, (f"2 ranks on {', '.join(ranks)}: {rate(two):,.0f} samples/s, acc {two['result']['val_accuracy']:.2f}; "
+        return True, (f"2 ranks on {', '.join(ranks)}: {rate(two):,.0f} samples/s, "
+                      f"acc {two['result']['val_accuracy']:.2f}; "
                       f"1 device: {rate(one):,.0f} samples/s, acc {one['result']['val_accuracy']:.2f}; "
                       f"{rate(two) / max(rate(one), 1e-9):.2f}x")
     except Exception as exc:  # a check that cannot finish is a failed check, with its reason

@@ -3,6 +3,8 @@ kill, SIGTERM and cancel stop every rank, and the job resumes from its checkpoin
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -55,6 +57,9 @@ def test_a_two_device_job_runs_on_two_workers_and_its_model_is_a_plain_one(servi
     assert done["result"]["devices"] == 2 and done["result"]["val_accuracy"] > 0.5
     assert [m["epoch"] for m in metrics(service, job["id"])] == list(range(1, 7))
     assert all_gone(rank_pids(service, job["id"]) + job_pids(service, job["id"]), 10)
+    listing = subprocess.run([sys.executable, "-m", "trainyard", "jobs", "--url", service.url], capture_output=True,
+                             text=True, env={**os.environ, "COLUMNS": "160"}, timeout=60)
+    assert "cpu + cpu" in listing.stdout, listing.stdout  # the CLI shows each rank's device
     # The artifact is a plain single-device model: a predict job loads it on one worker.
     pred = service.submit({"kind": "predict", "model_job": job["id"], "data": {"dataset": "digits"}, "device": "cpu"})
     got = service.wait_state(pred["id"])
@@ -62,7 +67,8 @@ def test_a_two_device_job_runs_on_two_workers_and_its_model_is_a_plain_one(servi
 
 
 def test_sigkill_of_the_leading_worker_stops_every_rank_and_the_job_resumes(service):
-    a, b = service.start_worker("cpu"), service.start_worker("cpu")
+    service.start_worker("cpu")
+    service.start_worker("cpu")
     job = service.submit(two_device_job(epochs=16))
     running_on_two(service, job["id"])
     before = wait_checkpoint(service, job["id"], 2)
@@ -82,7 +88,8 @@ def test_sigkill_of_the_leading_worker_stops_every_rank_and_the_job_resumes(serv
 
 
 def test_sigterm_checkpoints_every_rank_and_requeues_then_cancel_stops_them(service):
-    a, b = service.start_worker("cpu"), service.start_worker("cpu")
+    service.start_worker("cpu")
+    service.start_worker("cpu")
     job = service.submit(two_device_job(epochs=40))
     running = running_on_two(service, job["id"])
     wait_checkpoint(service, job["id"], 1)

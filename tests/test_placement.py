@@ -59,3 +59,13 @@ def test_device_plugin_draining_and_no_worker(engine):
     assert placement.why_waiting(job(engine, device="cpu"), [{**w, "draining": True} for w in FLEET]) == \
         "every live worker for device cpu is draining"
     assert placement.why_waiting(job(engine), []) == "no worker is running"
+
+
+def test_a_job_on_more_devices_than_any_host_has_says_the_most_there_is(engine):
+    assert placement.why_waiting(job(engine, devices=8), FLEET) is None  # the H100 box has 8
+    assert placement.why_waiting(job(engine, devices=9), FLEET) == \
+        "needs 9 devices of one host; the most live, undrained workers of one kind on one host is 8 (h100-box)"
+    assert placement.why_waiting(job(engine, devices=2, device="cpu"), FLEET) == \
+        "needs 2 devices of one host; the most live, undrained workers of one kind on one host is 1 (cpu-box)"
+    half_drained = [{**w, "draining": w["device"] in ("cuda:0", "cuda:1")} for w in FLEET]
+    assert "is 6 (h100-box)" in placement.why_waiting(job(engine, devices=8), half_drained)

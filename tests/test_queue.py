@@ -106,7 +106,8 @@ def test_a_multi_device_job_borrows_idle_workers_of_its_host_and_kind(engine):
     busy = queue.claim(engine, "b", "cpu", 10, None, Slot("b", None, gang=3))
     assert busy.id == small.id and busy.ranks is None
     # The head is the 3-device job; b is busy, so a and c wait for it rather than taking `after`.
-    assert not queue.has_work(engine, "cpu", None, "a", three) and queue.claim(engine, "a", "cpu", 10, None, three) is None
+    assert not queue.has_work(engine, "cpu", None, "a", three)
+    assert queue.claim(engine, "a", "cpu", 10, None, three) is None
     assert queue.claim(engine, "c", "cpu", 10, None, Slot("c", None, gang=3)) is None
     # A worker whose host has fewer such workers than the job needs is not held back by it.
     assert queue.claim(engine, "x", "cpu", 10, None, Slot("x", None, gang=1)).id == after.id
@@ -133,12 +134,12 @@ def test_a_multi_device_job_takes_distinct_idle_gpus_and_no_draining_worker(engi
     for w, device, uuid in (("g0", "cuda:0", "GPU-0"), ("g0b", "cuda:0", "GPU-0"), ("g1", "cuda:1", "GPU-1"),
                             ("g2", "cuda:2", "GPU-2")):
         workers.register_worker(engine, w, "h", 1, device, {"slot": {"key": uuid}})
-    slot = lambda w, uuid: Slot(uuid, None, gang=4)  # noqa: E731
     job = submit(engine, device="cuda", devices=2)
     workers.set_draining(engine, "g1", True)
-    got = queue.claim(engine, "g0", "cuda:0", 10, None, slot("g0", "GPU-0"))
+    got = queue.claim(engine, "g0", "cuda:0", 10, None, Slot("GPU-0", None, gang=4))
     # g0b shares g0's GPU (a second rank there would only contend for it); g1 is draining.
-    assert got.id == job.id and got.ranks == [{"worker": "g0", "device": "cuda:0"}, {"worker": "g2", "device": "cuda:2"}]
+    assert got.id == job.id
+    assert got.ranks == [{"worker": "g0", "device": "cuda:0"}, {"worker": "g2", "device": "cuda:2"}]
 
 
 def test_a_worker_that_offers_no_device_memory_takes_no_job_that_states_some(engine):

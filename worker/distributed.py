@@ -89,8 +89,7 @@ class RankWatch:
         os._exit(1)
 
 
-def fork_ranks(size: int, emit: Callable[[dict], None], log: Callable[[str], None]
-               ) -> tuple[World, Callable[[dict], None]]:
+def fork_ranks(size: int, emit: Callable[[dict], None]) -> tuple[World, Callable[[dict], None]]:
     """In rank 0 (the job process): fork ranks 1..size-1. Returns this process's World and the emit it
     uses: rank 0's goes through its RankWatch, another rank's sends only its error, to rank 0."""
     watch = RankWatch(emit)
@@ -103,7 +102,7 @@ def fork_ranks(size: int, emit: Callable[[dict], None], log: Callable[[str], Non
             return World(rank, size), _rank_emit(write_end)
         os.close(write_end)
         watch.watch(rank, pid, read_end)
-        log(f"rank {rank} pid {pid}")
+        emit({"type": "log", "line": f"rank {rank} pid {pid}"})  # the job's log names every rank's process
     return World(0, size), watch.emit
 
 
@@ -133,7 +132,9 @@ def init(world: World, device: torch.device, store: Path) -> None:
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"file://{store}", rank=world.rank, world_size=world.size,
                             timeout=TIMEOUT)
-    world.control = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+    # A group of its own for the stop vote and the checkpoint's RNG states: on the CPU, so it never waits
+    # for the GPU, and apart from DDP's gradient all-reduces, so a vote never queues behind them.
+    world.control = dist.new_group(backend="gloo")
 
 
 def any_true(flag: bool, world: World) -> bool:
@@ -144,6 +145,29 @@ def any_true(flag: bool, world: World) -> bool:
     t = torch.tensor([1 if flag else 0], dtype=torch.int32)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=world.control)
     return bool(t.item())
+
+
+class StopVote:
+    """The training loop's stop vote, one per step, without a wait per step: each step starts a vote
+    on this step's flag and reads the one it started a step earlier (done by then, in the background).
+    Every rank reads the same results in the same order, so all stop at one step, a step after rank 0
+    was asked."""
+
+    def __init__(self, world: World):
+        self.world = world
+        self.pending: tuple[Any, torch.Tensor] | None = None
+
+    def __call__(self, flag: bool) -> bool:
+        if self.world.size == 1:
+            return flag
+        decided = False
+        if self.pending is not None:
+            work, result = self.pending
+            work.wait()
+            decided = bool(result.item())
+        mine = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        self.pending = (dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self.world.control, async_op=True), mine)
+        return decided
 
 
 def total(values: torch.Tensor, world: World) -> torch.Tensor:

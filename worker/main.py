@@ -190,7 +190,8 @@ class Worker:
             model_dir = layout.resolve(model_job.artifact_path)
             model_spec = model_job.spec if model_job.kind == "train" else None
         return JobPlan(
-            job=job, device=self.device, ranks=tuple(r["device"] for r in job.ranks or ()), data_dir=self.settings.data_dir, run_dir=run_dir, checkpoint_stem=stem,
+            job=job, device=self.device, data_dir=self.settings.data_dir, run_dir=run_dir, checkpoint_stem=stem,
+            ranks=tuple(r["device"] for r in job.ranks or ()),
             resume_from=layout.resolve(job.checkpoint_path) if job.checkpoint_path else None,
             threads=max(1, (os.cpu_count() or 1) // max(1, len(here["cpu"]))) if self.device == "cpu" else None,
             memory_budget=memory.budget(self.settings.job_memory_bytes, self.settings.job_memory_share,

@@ -64,7 +64,7 @@ def execute(plan: JobPlan, emit: Callable[[dict], None], own_process: bool = Fal
         if len(plan.ranks) > 1:
             if not own_process:
                 raise RuntimeError("a job on several devices forks its ranks: run it in a process of its own")
-            world, emit = distributed.fork_ranks(len(plan.ranks), emit, lambda line: emit({"type": "log", "line": line}))
+            world, emit = distributed.fork_ranks(len(plan.ranks), emit)
         device = torch_devices.resolve(plan.ranks[world.rank] if plan.ranks else plan.device)
         if own_process:
             _limit(plan, device)

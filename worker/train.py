@@ -78,6 +78,7 @@ class Run:
     num_outputs: int
     parameters: int
     world: World
+    stop_vote: distributed.StopVote  # every rank stops at the same step (one device: the flag itself)
 
     @property
     def precision(self) -> str:
@@ -120,7 +121,7 @@ def build(spec: TrainJob, ctx: JobContext) -> Run:
                scaler=torch_devices.grad_scaler(device, applied["precision"]), criterion=nn.CrossEntropyLoss(),
                shuffle=shuffle, applied=applied, channels_last=channels_last,
                num_outputs=spec.model.num_classes or len(d.class_names), parameters=nets.count_parameters(model),
-               world=world)
+               world=world, stop_vote=distributed.StopVote(world))
 
 
 def make_optimizer(p: TrainParams, parameters) -> torch.optim.Optimizer:
@@ -209,10 +210,9 @@ def train_epoch(run: Run, ctx: JobContext, epoch: int, at: Start) -> tuple[float
 
     run.model.train()
     for step in range(first_step, run.steps_per_epoch):
-        if distributed.any_true(ctx.stop_requested(), world):
-            sums = distributed.total(torch.stack([loss_sum.double(), torch.tensor(seen, dtype=torch.float64,
-                                                                                  device=device)]), world)
-            done = {"loss_sum": sums[0].item(), "count": int(sums[1].item()),
+        if run.stop_vote(ctx.stop_requested()):
+            total, count = over_ranks(loss_sum, seen, world)
+            done = {"loss_sum": total.item(), "count": count,
                     "seconds": earlier_seconds + time.perf_counter() - t0} if step > 0 else None
             checkpoint(run, ctx, epoch, step, epoch_rng, done)
             raise Preempted(f"stopped at epoch {epoch + 1}, step {step}; checkpointed")
@@ -235,16 +235,22 @@ def train_epoch(run: Run, ctx: JobContext, epoch: int, at: Start) -> tuple[float
             loss_sum.add_(loss, alpha=count)
             seen += count
 
-    if world.size > 1:
-        sums = distributed.total(torch.stack([loss_sum.double(), torch.tensor(seen, dtype=torch.float64,
-                                                                              device=device)]), world)
-        loss_sum, seen = sums[0], int(sums[1].item())
+    loss_sum, seen = over_ranks(loss_sum, seen, world)
     train_loss = loss_sum.item() / seen  # the epoch's one wait for the device
     if not math.isfinite(train_loss):
         hint = " or use precision fp32" if run.precision != "fp32" else ""
         raise JobError(f"loss became {train_loss} at epoch {epoch + 1}; lower the learning rate "
                        f"(lr is {run.params.lr}){hint}")
     return train_loss, seen, earlier_seconds + time.perf_counter() - t0
+
+
+def over_ranks(loss_sum: torch.Tensor, seen: int, world: World) -> tuple[torch.Tensor, int]:
+    """The loss sum and sample count of all ranks together (these themselves on one device)."""
+    if world.size == 1:
+        return loss_sum, seen
+    sums = distributed.total(torch.stack([loss_sum.double(), torch.tensor(float(seen), dtype=torch.float64,
+                                                                          device=loss_sum.device)]), world)
+    return sums[0], int(sums[1].item())
 
 
 def step_on(run: Run, xb: torch.Tensor, yb: torch.Tensor, scale: float = 1.0) -> torch.Tensor:

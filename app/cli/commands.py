@@ -115,7 +115,8 @@ def cmd_jobs(client: Client, args) -> int:
     def render(page: dict) -> None:
         t = Table("id", "kind", "name", "state", "device", "progress", "created")
         for j in page["data"]:
-            t.add_row(str(j["id"]), j["kind"], j["name"] or "", j["state"], j["device"] or j["spec"]["device"],
+            ran = " + ".join(r["device"] for r in j.get("ranks") or []) or j["device"]  # each rank's device
+            t.add_row(str(j["id"]), j["kind"], j["name"] or "", j["state"], ran or j["spec"]["device"],
                       progress_text(j), j["created_at"][:19])
         console.print(t)
         console.print(f"{len(page['data'])} of {page['count']} jobs")

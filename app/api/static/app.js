@@ -362,7 +362,9 @@
     setText(row.loss, fmtLoss(latest(job, "train_loss")));
     setText(row.acc, fmtPct(latest(job, "val_accuracy")));
     const requested = (job.spec && job.spec.device) || "auto";
-    setText(row.device, job.device || requested);
+    // A job on several devices shows each rank's ("cuda:0 + cuda:1").
+    const ran = job.ranks ? job.ranks.map((r) => r.device).join(" + ") : job.device;
+    setText(row.device, ran || requested);
     setAttr(row.device, "title", `requested: ${requested}`);
     const t = jobTime(job);
     setText(row.time, fmtDuration(t.s));
