@@ -22,10 +22,8 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
-    inspect,
 )
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 from sqlalchemy.types import Float as FloatType
@@ -173,26 +171,3 @@ def read(engine: Engine) -> Iterator[Connection]:
     with engine.connect() as conn:
         with conn.begin():
             yield conn
-
-
-def create_all(engine: Engine) -> None:
-    metadata.create_all(engine)
-    _add_missing_columns(engine)
-
-
-def _add_missing_columns(engine: Engine) -> None:
-    """Add nullable columns that a database made by an earlier release lacks (create_all never
-    alters an existing table). Several processes may race to do it: the loser's error is harmless."""
-    existing = {t: {c["name"] for c in inspect(engine).get_columns(t)} for t in metadata.tables}
-    for table in metadata.sorted_tables:
-        for column in table.columns:
-            if column.name in existing[table.name]:
-                continue
-            assert column.nullable, f"{table.name}.{column.name} needs a real migration"
-            ddl = f"ALTER TABLE {table.name} ADD COLUMN {column.name} {column.type.compile(engine.dialect)}"
-            try:
-                with write(engine) as conn:
-                    conn.exec_driver_sql(ddl)
-            except (OperationalError, ProgrammingError):
-                if column.name not in {c["name"] for c in inspect(engine).get_columns(table.name)}:
-                    raise

@@ -241,6 +241,17 @@ def record_progress(engine: Engine, job_id: int, claim_no: int, epochs: list[tup
     return True
 
 
+def start_over(engine: Engine, job_id: int, claim_no: int) -> bool:
+    """The run could not read the checkpoint it was to resume from and starts from scratch: forget the
+    checkpoint and the earlier runs' metrics, so the history is this run's alone."""
+    with write(engine) as conn:
+        res = conn.execute(update(jobs).where(_fenced(job_id, claim_no)).values(
+            checkpoint_path=None, checkpoint_epoch=None, epoch=0, latest_metrics=None))
+        if res.rowcount == 1:
+            conn.execute(delete(metrics).where(metrics.c.job_id == job_id))
+    return res.rowcount == 1
+
+
 def record_epoch(engine: Engine, job_id: int, claim_no: int, epoch: int, data: dict) -> bool:
     return record_progress(engine, job_id, claim_no, [(epoch, data)])
 

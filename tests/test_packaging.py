@@ -51,6 +51,9 @@ def test_a_plain_install_holds_only_the_trainyard_package(tmp_path):
     assert r.returncode == 0 and r.stdout.startswith(str(site)), r.stderr
     cli = run(str(env_dir / "bin" / "trainyard"), "--help")  # the console script, with this environment's python
     assert cli.returncode == 0 and "submit" in cli.stdout, cli.stderr
+    # The migrations travel in the wheel: an installed trainyard builds its database from them.
+    db = run(str(env_dir / "bin" / "trainyard"), "db", "upgrade")
+    assert db.returncode == 0 and "database schema: empty -> " in db.stdout, db.stderr
     # ...and the environment running these tests still has its own trainyard.
     here = subprocess.run([sys.executable, "-c", "import trainyard.app.spec"], cwd=empty, capture_output=True, text=True)
     assert here.returncode == 0, here.stderr

@@ -5,8 +5,8 @@ from dataclasses import replace
 import pytest
 
 from tests.conftest import tiny_job
-from trainyard.app import placement, queue
-from trainyard.app.db import create_all, make_engine
+from trainyard.app import placement, queue, schema
+from trainyard.app.db import make_engine
 from trainyard.app.spec import parse_spec
 
 H100, L4 = 85_520_809_984, 23_034_069_504
@@ -24,7 +24,7 @@ FLEET = [*(worker("h100-box", f"cuda:{i}", H100) for i in range(8)), worker("l4-
 @pytest.fixture
 def engine(tmp_path):
     e = make_engine(f"sqlite:///{tmp_path / 'q.db'}")
-    create_all(e)
+    schema.upgrade(e)
     yield e
     e.dispose()
 

@@ -7,8 +7,8 @@ import psycopg
 import pytest
 
 from tests.conftest import IRIS_JOB, tiny_job
-from trainyard.app import errors, queue
-from trainyard.app.db import create_all, make_engine
+from trainyard.app import errors, queue, schema
+from trainyard.app.db import make_engine
 from trainyard.app.spec import parse_spec
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -20,18 +20,18 @@ def engine_url(request, tmp_path):
         yield f"sqlite:///{tmp_path / 'q.db'}"
         return
     # A schema of its own per test, so tests never see each other's rows.
-    schema = f"t_{secrets.token_hex(4)}"
+    pg_schema = f"t_{secrets.token_hex(4)}"
     with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as c:
-        c.execute(f"CREATE SCHEMA {schema}")
-    yield f"{PG_URL}?options=-csearch_path%3D{schema}"
+        c.execute(f"CREATE SCHEMA {pg_schema}")
+    yield f"{PG_URL}?options=-csearch_path%3D{pg_schema}"
     with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as c:
-        c.execute(f"DROP SCHEMA {schema} CASCADE")
+        c.execute(f"DROP SCHEMA {pg_schema} CASCADE")
 
 
 @pytest.fixture
 def engine(engine_url):
     e = make_engine(engine_url)
-    create_all(e)
+    schema.upgrade(e)
     yield e
     e.dispose()
 
@@ -245,7 +245,7 @@ def test_idempotency_key(engine):
 def test_concurrent_claims_never_share_a_job(engine_url):
     """Four workers, each with its own engine (as separate processes would have), drain 60 jobs."""
     setup = make_engine(engine_url)
-    create_all(setup)
+    schema.upgrade(setup)
     ids = {submit(setup).id for _ in range(60)}
     claimed: list[int] = []
     lock = threading.Lock()

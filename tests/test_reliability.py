@@ -213,3 +213,24 @@ def test_sigint_is_a_graceful_stop_too(service, sig):
     assert a.wait(timeout=30) == 0
     back = service.job(job["id"])
     assert back["state"] == "queued" and back["attempt"] == 0
+
+
+def test_a_checkpoint_that_cannot_be_read_starts_the_job_over_with_one_history(service):
+    """The database points at a checkpoint its new worker cannot read (a lost disk, a host that never
+    had it): the job starts over from epoch 1, says so, and keeps no metrics of the earlier run."""
+    a = service.start_worker("cpu")
+    job = service.submit(slow_job(epochs=8))
+    before = wait_checkpoint(service, job["id"], 2)
+    os.kill(a.pid, signal.SIGKILL)
+    for f in (service.data_dir / "checkpoints" / str(job["id"])).glob("*"):
+        f.unlink()  # every checkpoint file of the job is gone
+    service.start_worker("cpu")
+    done = service.wait_state(job["id"], timeout=240)
+    assert done["state"] == "succeeded" and done["runs"] == 2, done
+    assert done["result"]["resumed_from_epoch"] is None
+    history = metrics(service, job["id"])
+    assert [m["epoch"] for m in history] == list(range(1, 9)) and {m["attempt"] for m in history} == {2}
+    with service.client() as c:
+        log = c.get(f"/jobs/{job['id']}/logs").text
+    assert "could not be read (it does not exist): starting over from epoch 1" in log, log
+    assert before["checkpoint_epoch"] >= 2

@@ -148,10 +148,18 @@ def test_resume_continues_exactly(tmp_path, stop_after, done_epochs, done_steps)
     assert resumed["val_accuracy"] == full["val_accuracy"]
 
 
-def test_missing_resume_file_starts_over(tmp_path):
+@pytest.mark.parametrize("torn,reason", [(False, "it does not exist"), (True, "RuntimeError: ")])
+def test_an_unreadable_resume_file_starts_over_and_says_so(tmp_path, torn, reason):
+    path = tmp_path / "ck.pt"
+    if torn:  # the first half of a real checkpoint, as a crash during a copy would leave it
+        torch.save({"model": {"w": torch.zeros(1000)}}, path)
+        path.write_bytes(path.read_bytes()[:2000])
     events = []
-    summary = train.train(job(epochs=2), make_ctx(tmp_path, events, resume_path=tmp_path / "nope.pt"))
-    assert summary["resumed_from_epoch"] is None and len(of_type(events, "epoch")) == 2
+    summary = train.train(job(epochs=2), make_ctx(tmp_path, events, resume_path=path))
+    assert summary["resumed_from_epoch"] is None and [e["epoch"] for e in of_type(events, "epoch")] == [1, 2]
+    [restart] = of_type(events, "restart")  # once, before any epoch: the supervisor drops the stale history
+    assert events.index(restart) < events.index(of_type(events, "epoch")[0])
+    assert restart["path"] == str(path) and reason in restart["reason"]
 
 
 def test_diverging_loss_is_a_job_error(tmp_path, monkeypatch):

@@ -3,8 +3,8 @@ a job can have. Job processes are real (forked from the worker's fork server); n
 import pytest
 
 from tests.conftest import slow_job, tiny_job
-from trainyard.app import queue
-from trainyard.app.db import create_all, make_engine
+from trainyard.app import queue, schema
+from trainyard.app.db import make_engine
 from trainyard.app.settings import Settings
 from trainyard.app.spec import parse_spec
 from trainyard.worker.main import Worker
@@ -17,7 +17,7 @@ def settings(tmp_path):
 
 def submit(settings, body) -> int:
     engine = make_engine(settings.db_url)
-    create_all(engine)
+    schema.upgrade(engine)
     job, _ = queue.enqueue(engine, parse_spec(body))
     engine.dispose()
     return job.id

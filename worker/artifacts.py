@@ -101,9 +101,9 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     atomic_torch_save(path, state)
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     # weights_only=True refuses any pickled object that is not a tensor or a plain container.
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return torch.load(path, map_location=map_location, weights_only=True)
 
 
 def optimizer_to(optimizer: torch.optim.Optimizer, device: torch.device) -> None:

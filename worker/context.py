@@ -36,6 +36,7 @@ class JobContext:
     stop_requested: Callable[[], bool] = lambda: False
     # This process's rank among a multi-device job's processes (rank 0 alone reports, checkpoints, saves).
     world: World = field(default_factory=World)
+    _restarted: bool = field(default=False, repr=False)
 
     def checkpoint_file(self, epoch: int, step: int) -> Path:
         """Each checkpoint gets a file of its own, never overwritten: a stale copy of the job (one
@@ -46,3 +47,20 @@ class JobContext:
 
     def log(self, line: str) -> None:
         self.emit({"type": "log", "line": line})
+
+    def resume_point(self, map_location: str | torch.device = "cpu") -> dict[str, Any] | None:
+        """The checkpoint this run resumes from, None if there is none. One the database points at that
+        cannot be read (a lost disk, a host that never had it, a torn file) means starting over: the
+        supervisor is told once (a `restart` event) and drops the earlier runs' metrics."""
+        from trainyard.worker import artifacts  # here: artifacts imports nets, which imports this module
+        if self.resume_path is None:
+            return None
+        try:
+            return artifacts.load_checkpoint(self.resume_path, map_location)
+        except Exception as exc:  # noqa: BLE001 - whatever makes it unreadable, the job starts over
+            if not self._restarted:
+                self._restarted = True
+                why = "it does not exist" if isinstance(exc, FileNotFoundError) else \
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+                self.emit({"type": "restart", "path": str(self.resume_path), "reason": why})
+            return None

@@ -16,9 +16,9 @@ from typing import Any
 
 from sqlalchemy.exc import OperationalError
 
-from trainyard.app import device_names, hardware, placement, plugins, queue
+from trainyard.app import device_names, hardware, placement, plugins, queue, schema
 from trainyard.app import workers as registry
-from trainyard.app.db import create_all, make_engine
+from trainyard.app.db import make_engine
 from trainyard.app.records import Job
 from trainyard.app.settings import Settings
 from trainyard.app.states import Failure, error_record
@@ -76,7 +76,7 @@ class Worker:
 
     def run(self) -> int:
         self.settings.ensure_dirs()
-        create_all(self.engine)
+        schema.prepare(self.engine)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         self.ctx = _mp_context()
@@ -252,4 +252,7 @@ def main(settings: Settings, device: str, burst: bool = False, max_jobs: int | N
         worker = Worker(settings, device, burst=burst, max_jobs=max_jobs)
     except ValueError as exc:
         raise SystemExit(f"trainyard worker: --device {exc}") from None
-    return worker.run()
+    try:
+        return worker.run()
+    except schema.SchemaBehind as exc:
+        raise SystemExit(f"trainyard worker: {exc}") from None

@@ -118,11 +118,7 @@ class Context:
 
     def restore(self) -> dict[str, Any] | None:
         """The latest checkpoint of an earlier run of this job, loaded onto ctx.device; None if there is none."""
-        path = self._job.resume_path
-        if path is None or not path.exists():
-            return None
-        state = torch.load(path, map_location=self.device, weights_only=True)
-        return state
+        return self._job.resume_point(self.device)
 
     # -- the artifact -------------------------------------------------------------------------
 

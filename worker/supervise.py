@@ -231,6 +231,13 @@ class JobRun:
         kind = event.get("type")
         if kind == "log":
             self.log(event["line"])
+        elif kind == "restart":  # the checkpoint the database points at could not be read
+            if self.db(queue.start_over):
+                self.checkpoint = None
+                self.log(f"checkpoint {event['path']} could not be read ({event['reason']}): starting over from "
+                         "epoch 1; the metrics of earlier runs were dropped")
+            else:
+                self.outcome = "lost"
         elif kind == "done":  # the run dir holds a train job's model or a predict job's result.json
             run_dir = self.worker.settings.layout.rel(self.plan.run_dir)
             self.sum_up()

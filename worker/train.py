@@ -145,12 +145,9 @@ class Start:
 
 def resume(run: Run, ctx: JobContext) -> Start:
     """Load the checkpoint the job resumes from, if any: weights, optimizer, scaler, RNG states, position."""
-    if ctx.resume_path is None:
+    ck = ctx.resume_point()
+    if ck is None:
         return Start()
-    if not ctx.resume_path.exists():
-        ctx.log(f"no checkpoint at {ctx.resume_path}; starting from scratch")
-        return Start()
-    ck = artifacts.load_checkpoint(ctx.resume_path)
     run.model.load_state_dict(ck["model"])
     run.optimizer.load_state_dict(ck["optimizer"])
     artifacts.optimizer_to(run.optimizer, ctx.device)

@@ -5,13 +5,13 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
-from trainyard.app import __version__, metrics, queue
+from trainyard.app import __version__, metrics, queue, schema
 from trainyard.app.api import errors
 from trainyard.app.api.deps import require_token
 from trainyard.app.api.guard import RequestGuard
 from trainyard.app.api.routes import dashboard, datasets, jobs, system
 from trainyard.app.api.schemas import UNAUTHORIZED
-from trainyard.app.db import create_all, make_engine
+from trainyard.app.db import make_engine
 from trainyard.app.settings import Settings, get_settings
 
 log = logging.getLogger("trainyard.api")
@@ -24,7 +24,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         settings.ensure_dirs()
         engine = make_engine(settings.db_url)
-        create_all(engine)
+        schema.prepare(engine)
         app.state.engine = engine
         app.state.metrics_registry = metrics.registry(engine, settings.lease_s, settings.node)
         stop = threading.Event()

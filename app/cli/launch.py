@@ -1,4 +1,5 @@
-"""Running the service: `serve` (the API), `worker` (one device), `up` (both, stopped together)."""
+"""Running the service: `serve` (the API), `worker` (one device), `up` (both, stopped together), and
+`db` (the database schema: `db upgrade`, `db current`)."""
 import os
 import sys
 
@@ -22,6 +23,9 @@ def add_commands(sub) -> None:
     u.add_argument("--port", type=int)
     u.add_argument("--cpu-workers", type=int, default=1, help="CPU workers to start when there is no GPU")
     u.set_defaults(fn=cmd_up)
+    d = sub.add_parser("db", help="the database schema: upgrade it to this release's, or show its revision")
+    d.add_argument("action", choices=["upgrade", "current"])
+    d.set_defaults(fn=cmd_db)
 
 
 def cmd_serve(args) -> int:
@@ -29,6 +33,7 @@ def cmd_serve(args) -> int:
 
     from trainyard.app.api import create_app
     settings = get_settings()
+    _schema_ready(settings, "serve")
     uvicorn.run(create_app(settings), host=args.host or settings.host, port=args.port or settings.port,
                 log_level=args.log_level)
     return 0
@@ -40,11 +45,46 @@ def cmd_worker(args) -> int:
     return worker_main(get_settings(), args.device, burst=args.burst, max_jobs=args.max_jobs)
 
 
+def cmd_db(args) -> int:
+    from trainyard.app import schema
+    from trainyard.app.db import make_engine
+    settings = get_settings()
+    settings.ensure_dirs()
+    engine = make_engine(settings.db_url)
+    try:
+        if args.action == "upgrade":
+            before, after = schema.upgrade(engine)
+            print(f"database schema: {before or 'empty'} -> {after}" if before != after
+                  else f"database schema: {after}, up to date")
+        else:
+            now, wanted = schema.current(engine), schema.head()
+            print(f"database schema: {now or 'empty'}; this trainyard: {wanted}" +
+                  ("" if now == wanted else f"; run `{schema.UPGRADE_COMMAND}`"))
+    finally:
+        engine.dispose()
+    return 0
+
+
+def _schema_ready(settings, role: str) -> None:
+    """Upgrade an embedded database, or stop here with what to run when a shared one is behind."""
+    from trainyard.app import schema
+    from trainyard.app.db import make_engine
+    settings.ensure_dirs()
+    engine = make_engine(settings.db_url)
+    try:
+        schema.prepare(engine)
+    except schema.SchemaBehind as exc:
+        raise SystemExit(f"trainyard {role}: {exc}") from None
+    finally:
+        engine.dispose()
+
+
 def cmd_up(args) -> int:
     """The server plus one worker per visible CUDA device (or CPU workers), stopped together on Ctrl-C."""
     from trainyard.app.hardware import visible_cuda_count
     from trainyard.app.launcher import Service
     settings = get_settings()
+    _schema_ready(settings, "up")  # once, before the server and the workers start together
     n_gpus = visible_cuda_count()
     devices = [device_names.cuda(i) for i in range(n_gpus)] if n_gpus else ["cpu"] * args.cpu_workers
     svc = Service(dict(os.environ), args.port or settings.port, host=args.host or settings.host)
