@@ -28,6 +28,8 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 from sqlalchemy.types import Float as FloatType
 
+from trainyard.app import wakeup
+
 metadata = MetaData()
 
 jobs = Table(
@@ -160,10 +162,16 @@ def _configure_sqlite(engine: Engine) -> None:
 
 @contextmanager
 def write(engine: Engine) -> Iterator[Connection]:
-    """A transaction that writes: takes SQLite's write lock at BEGIN; a plain transaction elsewhere."""
+    """A transaction that writes: takes SQLite's write lock at BEGIN; a plain transaction elsewhere.
+    Idle workers it asked to wake (wakeup.notify) are woken once it has committed."""
     with engine.connect().execution_options(write=True) as conn:
-        with conn.begin():
-            yield conn
+        committed = False
+        try:
+            with conn.begin():
+                yield conn
+            committed = True
+        finally:
+            wakeup.after_commit(conn, committed)
 
 
 @contextmanager

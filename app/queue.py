@@ -11,7 +11,7 @@ from sqlalchemy import and_, case, delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from trainyard.app import placement
+from trainyard.app import placement, wakeup
 from trainyard.app.db import db_now, jobs, metrics, read, workers, write
 from trainyard.app.errors import Conflict, NotFound
 from trainyard.app.records import Job
@@ -42,7 +42,9 @@ def enqueue(engine: Engine, spec: TrainJob | PredictJob | RunJob, idempotency_ke
                 existing = conn.execute(select(jobs).where(jobs.c.idempotency_key == idempotency_key)).first()
                 if existing is not None:
                     return _same_key(existing, body), False
-            return Job.from_row(conn.execute(insert(jobs).values(**values).returning(jobs)).one()), True
+            created = Job.from_row(conn.execute(insert(jobs).values(**values).returning(jobs)).one())
+            wakeup.notify(conn)
+            return created, True
     except IntegrityError:
         # Two requests raced with one key (PostgreSQL): the other one inserted first.
         with read(engine) as conn:
@@ -110,6 +112,7 @@ def cancel(engine: Engine, job_id: int) -> Job:
             .values(state=CANCELLED, finished_at=db_now(), lease_expires_at=None,
                     error=error, errors=[*(row.errors or []), {**error, "attempt": row.attempt}])
             .returning(jobs)).one()
+        wakeup.notify(conn)  # a queued job's cancel can unblock the line behind it
     return Job.from_row(new)
 
 
@@ -126,6 +129,7 @@ def retry(engine: Engine, job_id: int) -> Job:
             if state is None:
                 raise NotFound(f"job {job_id} not found")
             raise Conflict(f"job {job_id} is {state}; only failed or cancelled jobs can be retried")
+        wakeup.notify(conn)
     return Job.from_row(new)
 
 
@@ -271,6 +275,7 @@ def succeed(engine: Engine, job_id: int, claim_no: int, result: dict, artifact_p
             artifact_path=artifact_path, error=None,
             peak_memory_allocated=func.coalesce(result.get("peak_memory_allocated"), jobs.c.peak_memory_allocated),
             peak_memory_reserved=func.coalesce(result.get("peak_memory_reserved"), jobs.c.peak_memory_reserved)))
+        wakeup.notify(conn)  # its device is free: a job waiting for room may start
     return res.rowcount == 1
 
 
@@ -298,6 +303,7 @@ def _fail_row(conn, job_id: int, claim_no: int, row, error: dict) -> str:
     else:
         values.update(state=FAILED, finished_at=db_now())
     conn.execute(update(jobs).where(_fenced(job_id, claim_no)).values(**values))
+    wakeup.notify(conn)  # queued again, or ended: either gives some worker something to do
     return values["state"]
 
 
@@ -306,6 +312,7 @@ def requeue_preempted(engine: Engine, job_id: int, claim_no: int) -> bool:
     with write(engine) as conn:
         res = conn.execute(update(jobs).where(_fenced(job_id, claim_no)).values(
             state=QUEUED, attempt=jobs.c.attempt - 1, worker_id=None, lease_expires_at=None))
+        wakeup.notify(conn)
     return res.rowcount == 1
 
 

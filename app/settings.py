@@ -24,8 +24,9 @@ class Settings(BaseSettings):
     # A claimed job's lease; the worker renews it every heartbeat_s. Expired leases are requeued.
     lease_s: float = Field(15.0, gt=0)
     heartbeat_s: float = Field(2.0, gt=0)
-    # How often an idle worker looks for work: this bounds submit-to-running latency.
-    poll_s: float = Field(0.02, gt=0)
+    # An idle worker is woken when the queue changes (app/wakeup.py); it also looks this often, as a
+    # safety net for a lost wake-up.
+    poll_s: float = Field(2.0, gt=0)
     # How long a SIGTERMed worker waits for its job to checkpoint before killing it.
     grace_s: float = Field(30.0, ge=0)
     max_body_bytes: int = Field(1 << 20, gt=0)

@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Engine
 
-from trainyard.app import placement
+from trainyard.app import placement, wakeup
 from trainyard.app.db import db_now, read, workers, write
 from trainyard.app.errors import Conflict, NotFound
 
@@ -64,5 +64,6 @@ def set_draining(engine: Engine, worker_id: str, draining: bool) -> dict:
         if row.state == "stopped":
             raise Conflict(f"worker {worker_id} has stopped; a new worker process registers under a new id")
         conn.execute(update(workers).where(workers.c.id == worker_id).values(draining=draining))
+        wakeup.notify(conn)
     found, _ = list_workers(engine)
     return next(w for w in found if w["id"] == worker_id)

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy.exc import OperationalError
 
-from trainyard.app import device_names, hardware, placement, plugins, queue, schema
+from trainyard.app import device_names, hardware, placement, plugins, queue, schema, wakeup
 from trainyard.app import workers as registry
 from trainyard.app.db import make_engine
 from trainyard.app.records import Job
@@ -54,6 +54,7 @@ class Worker:
         self.stats: dict[str, Any] = {}
         self._next_beat = 0.0
         self._marked_stopping = False
+        self.listener: wakeup.Listener | None = None  # run() starts listening for queue changes
 
     def db(self, fn, *args, **kw):
         """Call a queue function, riding out a database that is briefly unreachable (a PostgreSQL
@@ -73,6 +74,8 @@ class Worker:
 
     def _on_signal(self, signum, frame) -> None:
         self.stopping = True
+        if self.listener is not None:
+            self.listener.interrupt()
 
     def run(self) -> int:
         self.settings.ensure_dirs()
@@ -87,6 +90,7 @@ class Worker:
         self.stats = {"build": self._warm_up(), "host": reading, "slot": asdict(self.slot),
                       "plugins": self.plugins, "plugin_details": plugins.describe(offered)}
         self.db(registry.register_worker, self.id, self.settings.node, os.getpid(), self.device, self.stats)
+        self.listener = wakeup.Listener(self.engine, self.id)
         log.info("worker %s on %s ready", self.id, self.device)
         try:
             while not self.stopping and not self._done():
@@ -94,11 +98,15 @@ class Worker:
                 if job is None:
                     if self.burst:
                         break
-                    time.sleep(self.settings.poll_s)
+                    # Woken when the queue changes; poll_s is only the safety net (and the pace of a
+                    # worker waiting for a head job that has no room yet).
+                    self.listener.wait(self.settings.poll_s)
                     continue
                 self.run_job(job)
                 self.jobs_done += 1
         finally:
+            if self.listener is not None:
+                self.listener.close()
             self.db(registry.worker_heartbeat, self.id, "stopped", None)
             self.engine.dispose()
             log.info("worker %s stopped after %d jobs", self.id, self.jobs_done)
