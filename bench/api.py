@@ -4,7 +4,7 @@ Run: `.venv/bin/python -m bench.api [--quick]` from the repository root.
 
 Setup: `trainyard serve` on a fresh data dir (SQLite) plus one CPU worker, so that GET /devices
 reports a worker as in a real deployment and GET /jobs/{id} reads a job that really ran (state,
-times, latest metrics, result). The worker stays idle, polling the queue every poll_s as it would
+times, latest metrics, result). The worker stays idle, waiting to be woken by a queue change as it would
 in production. The database is preloaded with 500 queued jobs for device "cuda:9", which no worker
 takes, so GET /jobs?limit=50 pages through realistic rows. Beside it, bench/bare_app.py runs in
 its own uvicorn process with the same uvicorn settings: GET /bare (async def) is the ceiling, and

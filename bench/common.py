@@ -4,6 +4,7 @@ import importlib.metadata
 import math
 import os
 import platform
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -20,16 +21,18 @@ from trainyard.app.settings import Settings
 # at the code's default on purpose: it is what the dispatch benchmark measures.
 PROD_ENV = {"TRAINYARD_LEASE_S": "15", "TRAINYARD_HEARTBEAT_S": "2", "TRAINYARD_GRACE_S": "30"}
 
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
+
 TINY_JOB = {"kind": "train", "model": {"arch": "mlp", "hidden": [8]}, "data": {"dataset": "iris"},
             "train": {"epochs": 1, "batch_size": 32, "checkpoint_every": 0}, "device": "cpu"}
 
 
-def env_line() -> str:
+def env_line(backend: str = "SQLite") -> str:
     poll = Settings.model_fields["poll_s"].default
     rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True)
     return (f"{os.cpu_count()} CPU cores, no GPU · git {rev.stdout.strip() or '?'} · Python {platform.python_version()} · "
             f"torch {importlib.metadata.version('torch')} · fastapi {importlib.metadata.version('fastapi')} · "
-            f"uvicorn {importlib.metadata.version('uvicorn')} · SQLite · default poll_s {poll} s · "
+            f"uvicorn {importlib.metadata.version('uvicorn')} · {backend} · default poll_s {poll} s · "
             f"{dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z} · {load_note()}")
 
 
@@ -39,10 +42,25 @@ def load_note() -> str:
 
 
 @contextmanager
-def service(workers: int = 0, device: str = "cpu") -> Iterator[Service]:
-    """`trainyard serve` plus `workers` workers on a fresh temp data dir; all registered on entry."""
+def postgres_schema() -> Iterator[str]:
+    """A fresh schema in the local PostgreSQL's `test` database, dropped afterwards: its database URL."""
+    import psycopg
+    name = f"bench_{secrets.token_hex(4)}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as c:
+        c.execute(f"CREATE SCHEMA {name}")
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as c:
+            c.execute(f"DROP SCHEMA {name} CASCADE")
+
+
+@contextmanager
+def service(workers: int = 0, device: str = "cpu", database_url: str = "") -> Iterator[Service]:
+    """`trainyard serve` plus `workers` workers on a fresh temp data dir (and database_url, if given);
+    all registered on entry."""
     tmp = Path(tempfile.mkdtemp(prefix="trainyard-bench-"))
-    svc = Service.isolated(tmp / "data", env=PROD_ENV)
+    svc = Service.isolated(tmp / "data", database_url, env=PROD_ENV)
     try:
         svc.start_server()
         for _ in range(workers):  # start them side by side: each fork server imports torch

@@ -1,22 +1,24 @@
-"""Dispatch benchmark: how fast an idle worker picks up a job, and how fast workers drain a queue.
+"""Dispatch benchmark: how fast an idle worker picks up a job, what an idle worker costs, and how fast
+workers drain a queue; on SQLite and PostgreSQL side by side.
 
-Run: `.venv/bin/python -m bench.dispatch [--quick]` from the repository root.
+Run: `.venv/bin/python -m bench.dispatch [--quick] [--backend sqlite|postgres|both]` from the
+repository root (PostgreSQL: the local server's `test` database, a fresh schema per service).
 
-1. Latency. `trainyard serve` plus one CPU worker on a fresh data dir (SQLite). Once the worker is
-   registered and idle, N tiny jobs (MLP [8] on Iris, 1 epoch, no checkpoint) are submitted one at
-   a time; each is submitted only after the previous one succeeded plus a random 50-100 ms pause, so
-   the supervisor is back in its idle poll loop and the submit lands at a random phase of its poll
-   timer. submit->running = started_at - created_at and submit->succeeded = finished_at - created_at,
-   both stamped by the database's clock (SQLite's julianday('now'): 1 ms resolution).
-2. Drain rate. For 1, 2 and 4 CPU workers (a fresh service each; the 1-worker drain reuses the
+1. Idle CPU. `trainyard serve` plus one CPU worker on a fresh data dir; once the worker is idle,
+   the CPU its process uses over 20 s (heartbeats, and waiting for a wake-up: LISTEN/NOTIFY on
+   PostgreSQL, a datagram on SQLite; the safety-net poll every poll_s), as a percent of one core.
+2. Latency. On that service, N tiny jobs (MLP [8] on Iris, 1 epoch, no checkpoint) are submitted one
+   at a time; each only after the previous one succeeded plus a random 50-100 ms pause, so that the
+   worker is waiting again. submit->running = started_at - created_at and submit->succeeded =
+   finished_at - created_at, both stamped by the database's clock (1 ms resolution on SQLite).
+3. Drain rate. For 1, 2 and 4 CPU workers (a fresh service each; the 1-worker drain reuses the
    latency test's service once its queue is empty), the workers are started and registered first,
    then M tiny jobs are POSTed back to back; rate = M / (last finished_at - first created_at),
    database clock. The machine has 2 cores, so scaling should flatten past 2 workers. Also shown:
    the median job's running->succeeded time, and the median turnaround (a worker's finished_at of
    one job to started_at of its next: the supervisor's own overhead between back-to-back jobs).
 
---quick: 5 latency jobs and a 6-job drain with 1 worker only (~15 s: a worker's fork server
-imports torch before it registers, ~9 s on this machine).
+--quick: 5 latency jobs, 3 s of idle CPU and a 6-job drain with 1 worker only.
 
 The benchmark process polls GET /jobs/{id} (every 25 ms) while it waits, which costs the server a
 little CPU on the same 2 cores; the figures themselves come from the database timestamps.
@@ -26,11 +28,13 @@ import os
 import random
 import time
 from collections import Counter
+from contextlib import nullcontext
 
-from bench.common import TINY_JOB, env_line, iso_s, load_note, pct, service, table, verdict
+from bench.common import TINY_JOB, CpuMeter, env_line, iso_s, load_note, pct, postgres_schema, service, table, verdict
 from trainyard.app.states import TERMINAL, JobState
 
-LATENCY_P50_MS, LATENCY_P99_MS = 50, 150
+LATENCY_P50_MS, LATENCY_P99_MS = 20, 60
+IDLE_CPU_PCT = 1.0
 
 
 def latency(svc, c, n: int) -> dict:
@@ -75,43 +79,72 @@ def drain(svc, c, m: int) -> dict:
             "gap_ms": pct(gaps, 50) if gaps else float("nan"), "load": load}
 
 
+def idle_cpu(svc, seconds: float) -> float:
+    """Percent of one core an idle worker process uses (its supervisor: heartbeats, waiting for work)."""
+    pid = svc.workers[0].pid
+    time.sleep(1.0)  # let the last job's bookkeeping settle
+    meter = CpuMeter({"worker": pid})
+    time.sleep(seconds)
+    used = meter.read()
+    return 100 * used["worker"] / used["wall"]
+
+
+def run_backend(backend: str, n: int, m: int, worker_counts, idle_s: float) -> dict:
+    out: dict = {"drains": {}}
+    for w in worker_counts:  # a fresh service, data dir and database (schema) each
+        with (postgres_schema() if backend == "PostgreSQL" else nullcontext("")) as url, \
+                service(workers=w, database_url=url) as svc, svc.client() as c:
+            if w == 1:  # latency and idle CPU on the same fresh service as the 1-worker drain
+                out["idle"] = idle_cpu(svc, idle_s)
+                out["lat"] = latency(svc, c, n)
+            out["drains"][w] = drain(svc, c, m)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: a few jobs, 1 worker only")
     ap.add_argument("-n", type=int, help="jobs in the latency test (default 100, 5 with --quick)")
     ap.add_argument("-m", type=int, help="jobs per drain run (default 60, 6 with --quick)")
+    ap.add_argument("--backend", choices=["sqlite", "postgres", "both"], default="both")
     args = ap.parse_args()
     n = args.n or (5 if args.quick else 100)
     m = args.m or (6 if args.quick else 60)
     worker_counts = (1,) if args.quick else (1, 2, 4)
+    idle_s = 3.0 if args.quick else 20.0
     assert m <= 500, "drain reads the jobs back from one page of GET /jobs"
+    backends = {"sqlite": ["SQLite"], "postgres": ["PostgreSQL"], "both": ["SQLite", "PostgreSQL"]}[args.backend]
 
-    env = env_line()  # taken first: its load average is the one the run started with
-    drains = {}
+    env = env_line(" and ".join(backends))  # taken first: its load average is the one the run started with
+    res = {b: run_backend(b, n, m, worker_counts, idle_s) for b in backends}
+
+    def row(name, values, target="", check=None):
+        verdicts = [verdict(v, check) for v in values] if check is not None else []
+        return [name, *[f"{v:.1f}" if isinstance(v, float) else v for v in values], target, " / ".join(verdicts)]
+
+    rows = []
+    for q, target in ((50, LATENCY_P50_MS), (90, None), (99, LATENCY_P99_MS)):
+        rows.append(row(f"submit->running p{q} (ms)", [pct(res[b]["lat"]["run"], q) for b in backends],
+                        f"<= {target}" if target else "", target))
+    rows.append(row("submit->running max (ms)", [max(res[b]["lat"]["run"]) for b in backends]))
+    rows.append(row("submit->succeeded p50 (ms)", [pct(res[b]["lat"]["done"], 50) for b in backends]))
+    rows.append(row("idle worker CPU (% of a core)", [res[b]["idle"] for b in backends], f"< {IDLE_CPU_PCT}",
+                    IDLE_CPU_PCT))
     for w in worker_counts:
-        with service(workers=w) as svc, svc.client() as c:
-            if w == 1:  # the latency test runs first, on the same fresh service as the 1-worker drain
-                lat = latency(svc, c, n)
-            drains[w] = drain(svc, c, m)
-
-    run, done = lat["run"], lat["done"]
-    rows = [
-        ["submit->running p50 (ms)", pct(run, 50), f"< {LATENCY_P50_MS}", verdict(pct(run, 50), LATENCY_P50_MS)],
-        ["submit->running p90 (ms)", pct(run, 90), "", ""],
-        ["submit->running p99 (ms)", pct(run, 99), f"< {LATENCY_P99_MS}", verdict(pct(run, 99), LATENCY_P99_MS)],
-        ["submit->running max (ms)", max(run), "", ""],
-        ["submit->succeeded p50 (ms)", pct(done, 50), "", "information"],
-        ["submit->succeeded p99 (ms)", pct(done, 99), "", "information"],
-    ]
-    base = drains[1]["rate"]
-    for w, d in drains.items():
-        rows.append([f"drain, {w} worker{'s' if w > 1 else ''} (jobs/s)", d["rate"], "",
-                     f"{d['rate'] / base:.2f}x vs 1 worker; {m} jobs in {d['span']:.1f} s; per worker "
-                     f"{d['per_worker']}; median running->succeeded {d['run_ms']:.0f} ms, "
-                     f"turnaround {d['gap_ms']:.0f} ms; load average {d['load']:.1f} at start"])
+        rows.append(row(f"drain, {w} worker{'s' if w > 1 else ''} (jobs/s)",
+                        [res[b]["drains"][w]["rate"] for b in backends]))
+    notes = []
+    for b in backends:
+        base = res[b]["drains"][1]["rate"]
+        for w, d in res[b]["drains"].items():
+            notes.append(f"{b}, {w} worker(s): {d['rate'] / base:.2f}x vs 1 worker; {m} jobs in {d['span']:.1f} s; "
+                         f"per worker {d['per_worker']}; median running->succeeded {d['run_ms']:.0f} ms, "
+                         f"turnaround {d['gap_ms']:.0f} ms; load average {d['load']:.1f} at start")
     print(env)
-    print(f"latency: {n} tiny jobs one at a time, 1 idle CPU worker; drain: {m} tiny jobs queued at once\n")
-    print(table(["measure", "value", "target", "verdict / notes"], rows))
+    print(f"latency: {n} tiny jobs one at a time, 1 idle CPU worker; idle CPU: that worker over {idle_s:.0f} s "
+          f"with nothing queued; drain: {m} tiny jobs queued at once\n")
+    print(table(["measure", *backends, "target", "verdict"], rows))
+    print("\n" + "\n".join(f"- {line}" for line in notes))
     print("\nAll times from the database clock (1 ms resolution). The worker, its job processes, the API server "
           f"and this benchmark's polling share the machine's cores. At the end: {load_note()}.")
 

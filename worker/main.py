@@ -98,9 +98,8 @@ class Worker:
                 if job is None:
                     if self.burst:
                         break
-                    # Woken when the queue changes; poll_s is only the safety net (and the pace of a
-                    # worker waiting for a head job that has no room yet).
-                    self.listener.wait(self.settings.poll_s)
+                    # Woken when the queue changes; poll_s is only the safety net. Heartbeats stay on time.
+                    self.listener.wait(max(0.0, min(self.settings.poll_s, self._next_beat - time.monotonic())))
                     continue
                 self.run_job(job)
                 self.jobs_done += 1
