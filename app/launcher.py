@@ -57,9 +57,9 @@ class Service:
         return subprocess.Popen([sys.executable, "-m", "trainyard", *args], cwd=ROOT, env={**self.env, **(env or {})},
                                 stdout=out, stderr=subprocess.STDOUT if out else None)
 
-    def start_server(self, wait: bool = True, log_level: str = "warning") -> "Service":
-        self.server = self._spawn(["serve", "--host", self.host, "--port", str(self.port), "--log-level", log_level],
-                                  "server")
+    def start_server(self, wait: bool = True, log_level: str = "warning", processes: int = 1) -> "Service":
+        self.server = self._spawn(["serve", "--host", self.host, "--port", str(self.port), "--log-level", log_level,
+                                   "--workers", str(processes)], "server")
         if wait:
             self.wait_until(self._healthy, 60, "the server to answer /healthz")
         return self

@@ -56,6 +56,11 @@ class Layout:
     def checkpoints(self, job_id: int) -> Path:
         return self.root / "checkpoints" / str(job_id)
 
+    @property
+    def housekeeping_lock(self) -> Path:
+        """Held by the one server process of this host that runs the lease reaper (serve --workers N)."""
+        return self.root / "housekeeping.lock"
+
     def log(self, job_id: int) -> Path:
         return self.root / "logs" / f"{job_id}.log"
 

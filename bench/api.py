@@ -152,6 +152,7 @@ async def measure(endpoints, pids: dict, seconds: float) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: 0.5 s per mode, 20 preloaded jobs")
+    ap.add_argument("--processes", type=int, default=1, help="server processes (trainyard serve --workers N)")
     args = ap.parse_args()
     seconds, preload = (0.5, 20) if args.quick else (5.0, 500)
 
@@ -159,7 +160,7 @@ def main() -> None:
     bare_port = free_port()
     bare = subprocess.Popen([sys.executable, "-m", "bench.bare_app", str(bare_port)], cwd=ROOT)
     try:
-        with service(workers=1) as svc, svc.client() as c:
+        with service(workers=1, processes=args.processes) as svc, svc.client() as c:
             job = c.post("/jobs", json=TINY_JOB).raise_for_status().json()
             if svc.wait_state(job["id"])["state"] != JobState.SUCCEEDED:
                 raise RuntimeError(f"the tiny job failed:\n{svc.output()}")
@@ -200,7 +201,8 @@ def main() -> None:
         rows.append([r["name"], offered, r["rate"], p50, p99, errors, ratio, f"{1000 * cpu['server'] / n:.2f}",
                      busy, target])
     print(env)
-    print(f"{preload} preloaded jobs; {seconds:g} s per mode; server and load generator are separate processes\n")
+    print(f"{preload} preloaded jobs; {seconds:g} s per mode; {args.processes} server process(es); server and load "
+          "generator are separate processes\n")
     print(table(["endpoint", "load", "req/s", "p50 ms", "p99 ms", "errors", "vs bare max", "server CPU ms/req",
                  "CPU % server / loadgen / worker", "target"], rows))
     print("\nThe load generator (this process), the server under test and the idle worker share the machine's "

@@ -56,13 +56,13 @@ def postgres_schema() -> Iterator[str]:
 
 
 @contextmanager
-def service(workers: int = 0, device: str = "cpu", database_url: str = "") -> Iterator[Service]:
+def service(workers: int = 0, device: str = "cpu", database_url: str = "", processes: int = 1) -> Iterator[Service]:
     """`trainyard serve` plus `workers` workers on a fresh temp data dir (and database_url, if given);
     all registered on entry."""
     tmp = Path(tempfile.mkdtemp(prefix="trainyard-bench-"))
     svc = Service.isolated(tmp / "data", database_url, env=PROD_ENV)
     try:
-        svc.start_server()
+        svc.start_server(processes=processes)
         for _ in range(workers):  # start them side by side: each fork server imports torch
             svc.start_worker(device, wait=False)
         with svc.client() as c:
@@ -88,9 +88,21 @@ def pct(values: list[float], q: float) -> float:
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process (all its threads) has used so far, from /proc."""
+    """User + system CPU seconds a process (all its threads) and its live children have used so far, from
+    /proc (children count for `serve --workers N`, whose requests are served by child processes)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    kids = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        kids |= {int(p) for p in (task / "children").read_text().split()}
+    return own + sum(_cpu_or_zero(k) for k in kids)
+
+
+def _cpu_or_zero(pid: int) -> float:
+    try:
+        return cpu_s(pid)
+    except (FileNotFoundError, ProcessLookupError):  # it ended while we looked
+        return 0.0
 
 
 class CpuMeter:

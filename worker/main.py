@@ -27,6 +27,9 @@ from trainyard.worker.plan import JobPlan
 from trainyard.worker.supervise import JobRun
 
 log = logging.getLogger("trainyard.worker")
+# The least time between two looks at the queue of an idle worker (see run()); the first look after a
+# quiet spell is immediate.
+LOOK_GAP_S = 0.02
 
 
 def _mp_context() -> mp.context.BaseContext:
@@ -54,6 +57,7 @@ class Worker:
         self.stats: dict[str, Any] = {}
         self._next_beat = 0.0
         self._marked_stopping = False
+        self._last_look = 0.0
         self.listener: wakeup.Listener | None = None  # run() starts listening for queue changes
 
     def db(self, fn, *args, **kw):
@@ -100,6 +104,9 @@ class Worker:
                         break
                     # Woken when the queue changes; poll_s is only the safety net. Heartbeats stay on time.
                     self.listener.wait(max(0.0, min(self.settings.poll_s, self._next_beat - time.monotonic())))
+                    # A burst of submissions this worker cannot take (another device's, say) wakes it once
+                    # per look, not once per job: looks are at least LOOK_GAP_S apart.
+                    time.sleep(max(0.0, self._last_look + LOOK_GAP_S - time.monotonic()))
                     continue
                 self.run_job(job)
                 self.jobs_done += 1
@@ -115,6 +122,7 @@ class Worker:
         return self.max_jobs is not None and self.jobs_done >= self.max_jobs
 
     def _next_job(self) -> Job | None:
+        self._last_look = time.monotonic()
         try:
             self.housekeeping(state="idle", job_id=None)
             if self.db(queue.has_work, self.device, self.plugins, self.id, self.slot, self.settings.lease_s):

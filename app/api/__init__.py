@@ -1,7 +1,10 @@
 """The HTTP server: app factory, request guard, error mapping and the lease reaper."""
+import fcntl
 import logging
+import os
 import threading
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import Depends, FastAPI
 
@@ -28,7 +31,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.engine = engine
         app.state.metrics_registry = metrics.registry(engine, settings.lease_s, settings.node)
         stop = threading.Event()
-        reaper = threading.Thread(target=_reap, args=(engine, settings.lease_s / 3, stop), daemon=True)
+        reaper = threading.Thread(target=_reap, args=(engine, settings.lease_s / 3, stop,
+                                                      settings.layout.housekeeping_lock), daemon=True)
         reaper.start()
         yield
         stop.set()
@@ -52,16 +56,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def _reap(engine, every_s: float, stop: threading.Event) -> None:
+def _reap(engine, every_s: float, stop: threading.Event, lock_path: Path) -> None:
     """Requeue jobs whose worker vanished, even when no worker is left to notice.
 
     Workers run the same sweep in their housekeeping, on purpose: with several hosts, any live
     process that can reach the database recovers a lost job, whether or not this server is up.
     requeue_expired is fenced per job, so several sweeps at once requeue each job once; the cost
-    is one indexed read per sweep."""
-    while not stop.wait(every_s):
-        try:
-            for job_id, state in queue.requeue_expired(engine):
-                log.warning("job %s lost its worker (lease expired): now %s", job_id, state)
-        except Exception:
-            log.exception("lease reaper")
+    is one indexed read per sweep. Of a host's server processes (`serve --workers N`) only the one
+    holding the housekeeping lock sweeps; if it dies, the lock is free and another takes over."""
+    held = False
+    with open(lock_path, "a") as lock:
+        while not stop.wait(every_s):
+            if not held:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # another server process of this host sweeps
+                held = True
+                log.info("lease reaper: server process %s sweeps for this host", os.getpid())
+            try:
+                for job_id, state in queue.requeue_expired(engine):
+                    log.warning("job %s lost its worker (lease expired): now %s", job_id, state)
+            except Exception:
+                log.exception("lease reaper")

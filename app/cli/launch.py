@@ -12,6 +12,8 @@ def add_commands(sub) -> None:
     s.add_argument("--host")
     s.add_argument("--port", type=int)
     s.add_argument("--log-level", default="info")
+    s.add_argument("--workers", type=int, default=1,
+                   help="server processes sharing the port (one of them runs the lease reaper)")
     s.set_defaults(fn=cmd_serve)
     w = sub.add_parser("worker", help="run a worker bound to one device")
     w.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -34,9 +36,27 @@ def cmd_serve(args) -> int:
     from trainyard.app.api import create_app
     settings = get_settings()
     _schema_ready(settings, "serve")
-    uvicorn.run(create_app(settings), host=args.host or settings.host, port=args.port or settings.port,
-                log_level=args.log_level)
+    host, port = args.host or settings.host, args.port or settings.port
+    if args.workers > 1:  # each process builds its app from the same environment
+        uvicorn.run("trainyard.app.api:create_app", factory=True, workers=args.workers, fd=_listening_socket(host, port),
+                    log_level=args.log_level)
+    else:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=args.log_level)
     return 0
+
+
+def _listening_socket(host: str, port: int) -> int:
+    """The port's socket for several server processes, with TCP_NODELAY, which the connections it accepts
+    inherit. uvicorn's own socket for `workers` lacks it: a keep-alive response written in two parts
+    then waits ~40 ms for the client's delayed ACK (Nagle's algorithm)."""
+    import socket
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock.detach()
 
 
 def cmd_worker(args) -> int:
