@@ -207,7 +207,7 @@ def main() -> None:
                  "CPU % server / loadgen / worker", "target"], rows))
     print("\nThe load generator (this process), the server under test and the idle worker share the machine's "
           f"{os.cpu_count()} cores, so max-throughput figures are a lower bound for each server: 'CPU %' (100 = one core busy) "
-          "shows who was busy. uvicorn runs one process, so a server can use at most about one core's worth "
+          f"shows who was busy. The server runs {args.processes} process(es), each at most about one core's worth "
           "of Python. 'server CPU ms/req' (the server process's CPU time over requests served) is the figure least "
           "disturbed by other load on the machine. Fixed-rate latency counts from the scheduled send time. "
           f"At the end: {load_note()}.")
