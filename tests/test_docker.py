@@ -235,6 +235,12 @@ def test_dockerfile():
     assert re.search(r"pip install (-\S+ )*\.(\s|$|\[)", runs), "pip install of the project"
     assert "pip install -r /tmp/requirements.txt" in runs
     assert "torch.version.cuda" in runs  # the build fails on a CPU-only torch
+    # Another CUDA line: the same pinned torch and torchvision from the index the build argument names,
+    # installed before the rest so that the requirements find them satisfied.
+    assert ("ARG", 'TORCH_INDEX_URL=""') in stages[0]  # empty by default: PyPI's torch, the CUDA 13.0 build
+    torch_line = re.search(r'pip install --index-url "\$TORCH_INDEX_URL" -r /tmp/torch.txt', runs)
+    assert torch_line and runs.index(torch_line.group(0)) < runs.index("pip install -r /tmp/requirements.txt")
+    assert "grep -E '^(torch|torchvision)==' /tmp/requirements.txt" in runs
 
 
 def test_dockerfile_dependency_list_is_the_pinned_one():
