@@ -85,10 +85,17 @@ def helpers(conn: Connection, worker_id: str, device: str, count: int, lease_s: 
         if device != "cpu" and key in taken:  # two ranks on one GPU would only contend for it
             continue
         taken.add(key)
-        chosen.append({"worker": w.id, "device": w.device})
+        chosen.append({"worker": w.id, "device": w.device, "key": key})
         if len(chosen) == count:
             return chosen
     return None
+
+
+def lent_gpus(conn: Connection) -> set[str]:
+    """The GPUs (slot keys) that running multi-device jobs borrowed: no other job may start on them, even
+    through another worker that shares one of them."""
+    rows = conn.execute(select(jobs.c.ranks).where(jobs.c.state == RUNNING, jobs.c.ranks.is_not(None)))
+    return {r.get("key") for (ranks,) in rows for r in ranks[1:] if r["device"] != "cpu"}
 
 
 def fits_now(slot: Slot | None):

@@ -149,6 +149,8 @@ def _startable(conn, device, plugins, worker_id, slot, lease_s, lock: bool) -> t
         jobs.c.id == placement.head(device, plugins, worker_id, slot), placement.fits_now(slot))).first()
     if head is None:
         return None
+    if slot is not None and device != "cpu" and slot.key in placement.lent_gpus(conn):
+        return None  # this worker's GPU is a rank of another worker's multi-device job
     if (head.devices or 1) == 1:
         return head.id, []
     if worker_id is None:
@@ -175,7 +177,8 @@ def claim(engine: Engine, worker_id: str, device: str, lease_s: float,
         if found is None:
             return None
         job_id, others = found
-        ranks = [{"worker": worker_id, "device": device}, *others] if others else None
+        ranks = [{"worker": worker_id, "device": device, "key": slot.key if slot else worker_id}, *others] \
+            if others else None
         row = conn.execute(
             update(jobs).where(jobs.c.id == job_id, jobs.c.state == QUEUED)
             .values(state=RUNNING, attempt=jobs.c.attempt + 1, claim=jobs.c.claim + 1,

@@ -115,8 +115,8 @@ def test_a_multi_device_job_borrows_idle_workers_of_its_host_and_kind(engine):
     assert queue.has_work(engine, "cpu", None, "a", three)
     got = queue.claim(engine, "a", "cpu", 10, None, three)
     assert got.id == wide.id and got.devices == 3
-    assert got.ranks == [{"worker": "a", "device": "cpu"}, {"worker": "b", "device": "cpu"},
-                         {"worker": "c", "device": "cpu"}]  # same host, same kind: not g (cuda), not x (h2)
+    # Same host, same kind: not g (cuda), not x (h2).
+    assert [(r["worker"], r["device"]) for r in got.ranks] == [("a", "cpu"), ("b", "cpu"), ("c", "cpu")]
     assert workers.lent_to(engine, "b") == wide.id and workers.lent_to(engine, "g") is None
     late = submit(engine)
     for w in ("b", "c"):  # lent: they claim nothing while the run lasts
@@ -139,7 +139,13 @@ def test_a_multi_device_job_takes_distinct_idle_gpus_and_no_draining_worker(engi
     got = queue.claim(engine, "g0", "cuda:0", 10, None, Slot("GPU-0", None, gang=4))
     # g0b shares g0's GPU (a second rank there would only contend for it); g1 is draining.
     assert got.id == job.id
-    assert got.ranks == [{"worker": "g0", "device": "cuda:0"}, {"worker": "g2", "device": "cuda:2"}]
+    assert [(r["worker"], r["device"]) for r in got.ranks] == [("g0", "cuda:0"), ("g2", "cuda:2")]
+    # GPU-2 is a rank of that job now: a worker sharing it (g2b) starts nothing there until the job ends.
+    workers.register_worker(engine, "g2b", "h", 1, "cuda:2", {"slot": {"key": "GPU-2"}})
+    small = submit(engine, device="cuda")
+    assert queue.claim(engine, "g2b", "cuda:2", 10, None, Slot("GPU-2", None, gang=5)) is None
+    assert queue.succeed(engine, job.id, got.claim, {}, None)
+    assert queue.claim(engine, "g2b", "cuda:2", 10, None, Slot("GPU-2", None, gang=5)).id == small.id
 
 
 def test_a_worker_that_offers_no_device_memory_takes_no_job_that_states_some(engine):

@@ -38,8 +38,8 @@ def cmd_serve(args) -> int:
     _schema_ready(settings, "serve")
     host, port = args.host or settings.host, args.port or settings.port
     if args.workers > 1:  # each process builds its app from the same environment
-        uvicorn.run("trainyard.app.api:create_app", factory=True, workers=args.workers, fd=_listening_socket(host, port),
-                    log_level=args.log_level)
+        uvicorn.run("trainyard.app.api:create_app", factory=True, workers=args.workers,
+                    fd=_listening_socket(host, port), log_level=args.log_level)
     else:
         uvicorn.run(create_app(settings), host=host, port=port, log_level=args.log_level)
     return 0
