@@ -94,8 +94,8 @@ def helpers(conn: Connection, worker_id: str, device: str, count: int, lease_s: 
 def lent_gpus(conn: Connection) -> set[str]:
     """The GPUs (slot keys) that running multi-device jobs borrowed: no other job may start on them, even
     through another worker that shares one of them."""
-    rows = conn.execute(select(jobs.c.ranks).where(jobs.c.state == RUNNING, jobs.c.ranks.is_not(None)))
-    return {r.get("key") for (ranks,) in rows for r in ranks[1:] if r["device"] != "cpu"}
+    rows = conn.execute(select(jobs.c.ranks).where(jobs.c.state == RUNNING))
+    return {r.get("key") for (ranks,) in rows if ranks for r in ranks[1:] if r["device"] != "cpu"}
 
 
 def fits_now(slot: Slot | None):
