@@ -151,12 +151,15 @@ def test_cli_submit_wait_status_download(service, tmp_path):
 
 def test_up_runs_server_and_worker_and_stops_on_ctrl_c(tmp_path):
     svc = Service(tmp_path / "data")
-    up = subprocess.Popen([sys.executable, "-m", "trainyard", "up", "--port", str(svc.port)], cwd=ROOT, env=svc.env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # From a directory of the user's, with the data dir relative to it (the processes start elsewhere).
+    up = subprocess.Popen([sys.executable, "-m", "trainyard", "up", "--port", str(svc.port)], cwd=tmp_path,
+                          env={**svc.env, "TRAINYARD_DATA_DIR": "data"}, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
     try:
         svc.wait_until(lambda: _workers(svc) == 1, 120, "trainyard up: server and one worker")
         job = svc.wait_state(svc.submit(tiny_job())["id"])
         assert job["state"] == "succeeded"
+        assert (tmp_path / "data" / "logs" / f"{job['id']}.log").is_file()  # the worker's data dir is that one
         children = subprocess.run(["pgrep", "-P", str(up.pid)], capture_output=True, text=True).stdout.split()
         assert len(children) == 2  # the server and the worker
     finally:

@@ -107,7 +107,9 @@ def cmd_up(args) -> int:
     _schema_ready(settings, "up")  # once, before the server and the workers start together
     n_gpus = visible_cuda_count()
     devices = [device_names.cuda(i) for i in range(n_gpus)] if n_gpus else ["cpu"] * args.cpu_workers
-    svc = Service(dict(os.environ), args.port or settings.port, host=args.host or settings.host)
+    # The processes start elsewhere (launcher.ROOT): they get this directory's data dir, resolved here.
+    env = {**os.environ, "TRAINYARD_DATA_DIR": str(settings.data_dir.resolve())}
+    svc = Service(env, args.port or settings.port, host=args.host or settings.host)
     svc.start_server(wait=False, log_level="info")
     for d in devices:
         svc.start_worker(d, wait=False)
