@@ -42,10 +42,11 @@ def load_note() -> str:
 
 
 @contextmanager
-def postgres_schema() -> Iterator[str]:
-    """A fresh schema in the local PostgreSQL's `test` database, dropped afterwards: its database URL."""
+def postgres_schema(prefix: str = "bench") -> Iterator[str]:
+    """A fresh schema in the local PostgreSQL's `test` database, dropped afterwards: its database URL.
+    (The tests' PostgreSQL fixtures use it too.)"""
     import psycopg
-    name = f"bench_{secrets.token_hex(4)}"
+    name = f"{prefix}_{secrets.token_hex(4)}"
     with psycopg.connect(PG_ADMIN, autocommit=True) as c:
         c.execute(f"CREATE SCHEMA {name}")
     try:

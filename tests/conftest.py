@@ -1,6 +1,7 @@
 """Shared fixtures: a fresh data dir per test, the live service, tiny job presets."""
 import pytest
 
+from bench.common import postgres_schema
 from tests.service import Service
 from trainyard.app.spec import TRAIN_EXAMPLE
 
@@ -25,3 +26,14 @@ def service(tmp_path):
     svc = Service(tmp_path / "data").start_server()
     yield svc
     svc.stop()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend_url(request, tmp_path):
+    """A database URL of each backend: a SQLite file, or a PostgreSQL schema of the test's own (so that
+    tests never see each other's rows), dropped afterwards."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'q.db'}"
+        return
+    with postgres_schema("t") as url:
+        yield url

@@ -1,33 +1,16 @@
 """Eight workers in separate processes drain 500 tiny jobs, each exactly once, on SQLite and on
 PostgreSQL (a fresh schema per run): the claim, the wake-ups and the fencing under real contention."""
-import secrets
-
-import psycopg
 import pytest
 
 from tests.conftest import tiny_job
 from tests.service import Service
 
 pytestmark = pytest.mark.slow
-ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 WORKERS, JOBS = 8, 500
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def database_url(request):
-    if request.param == "sqlite":
-        yield ""
-        return
-    name = f"drain_{secrets.token_hex(4)}"
-    with psycopg.connect(ADMIN, autocommit=True) as c:
-        c.execute(f"CREATE SCHEMA {name}")
-    yield f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{name}"
-    with psycopg.connect(ADMIN, autocommit=True) as c:
-        c.execute(f"DROP SCHEMA {name} CASCADE")
-
-
-def test_eight_workers_drain_500_jobs_each_exactly_once(tmp_path, database_url):
-    svc = Service(tmp_path / "data", database_url).start_server()
+def test_eight_workers_drain_500_jobs_each_exactly_once(tmp_path, backend_url):
+    svc = Service(tmp_path / "data", backend_url).start_server()
     try:
         for _ in range(WORKERS):  # side by side: each fork server imports torch
             svc.start_worker("cpu", wait=False)

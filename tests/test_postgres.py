@@ -1,9 +1,9 @@
 """The same service on PostgreSQL (how several hosts share one queue), against the real server."""
-import secrets
 
 import psycopg
 import pytest
 
+from bench.common import postgres_schema
 from tests.conftest import slow_job, tiny_job
 from tests.service import Service
 
@@ -13,16 +13,10 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 @pytest.fixture
 def pg_service(tmp_path):
-    schema = f"svc_{secrets.token_hex(4)}"
-    with psycopg.connect(ADMIN, autocommit=True) as c:
-        c.execute(f"CREATE SCHEMA {schema}")
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
-    svc = Service(tmp_path / "data", database_url=url).start_server()
-    svc.schema = schema
-    yield svc
-    svc.stop()
-    with psycopg.connect(ADMIN, autocommit=True) as c:
-        c.execute(f"DROP SCHEMA {schema} CASCADE")
+    with postgres_schema("svc") as url:
+        svc = Service(tmp_path / "data", database_url=url).start_server()
+        yield svc
+        svc.stop()
 
 
 def test_two_workers_on_postgres_run_each_job_once(pg_service):

@@ -1,9 +1,7 @@
 """The queue's state machine, on SQLite and on the real PostgreSQL server, with the same code."""
-import secrets
 import threading
 import time
 
-import psycopg
 import pytest
 
 from tests.conftest import IRIS_JOB, tiny_job
@@ -11,26 +9,10 @@ from trainyard.app import errors, queue, schema
 from trainyard.app.db import make_engine
 from trainyard.app.spec import parse_spec
 
-PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def engine_url(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'q.db'}"
-        return
-    # A schema of its own per test, so tests never see each other's rows.
-    pg_schema = f"t_{secrets.token_hex(4)}"
-    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as c:
-        c.execute(f"CREATE SCHEMA {pg_schema}")
-    yield f"{PG_URL}?options=-csearch_path%3D{pg_schema}"
-    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as c:
-        c.execute(f"DROP SCHEMA {pg_schema} CASCADE")
-
 
 @pytest.fixture
-def engine(engine_url):
-    e = make_engine(engine_url)
+def engine(backend_url):
+    e = make_engine(backend_url)
     schema.upgrade(e)
     yield e
     e.dispose()
@@ -248,16 +230,16 @@ def test_idempotency_key(engine):
     assert queue.list_jobs(engine)[1] == 1
 
 
-def test_concurrent_claims_never_share_a_job(engine_url):
+def test_concurrent_claims_never_share_a_job(backend_url):
     """Four workers, each with its own engine (as separate processes would have), drain 60 jobs."""
-    setup = make_engine(engine_url)
+    setup = make_engine(backend_url)
     schema.upgrade(setup)
     ids = {submit(setup).id for _ in range(60)}
     claimed: list[int] = []
     lock = threading.Lock()
 
     def drain(name):
-        e = make_engine(engine_url)
+        e = make_engine(backend_url)
         while (job := queue.claim(e, name, "cpu", 10)) is not None:
             assert queue.succeed(e, job.id, job.claim, {}, None)
             with lock:

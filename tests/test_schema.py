@@ -3,41 +3,26 @@ data directory of the last release before migrations (tests/fixtures/release-839
 release's own code) upgrades with every job, metric and dataset intact and keeps working; a
 PostgreSQL schema that is behind stops the server and workers with the command to run."""
 import json
-import secrets
 import shutil
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
-import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
+from bench.common import postgres_schema
 from tests.service import ROOT, Service
 from trainyard.app import schema
 from trainyard.app.db import make_engine, metadata
 
 FIXTURE = Path(__file__).parent / "fixtures" / "release-8399c49"
-ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def empty_url(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'empty.db'}"
-        return
-    name = f"m_{secrets.token_hex(4)}"
-    with psycopg.connect(ADMIN, autocommit=True) as c:
-        c.execute(f"CREATE SCHEMA {name}")
-    yield f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{name}"
-    with psycopg.connect(ADMIN, autocommit=True) as c:
-        c.execute(f"DROP SCHEMA {name} CASCADE")
-
-
-def test_the_migrations_build_the_schema_the_code_uses(empty_url):
-    engine = make_engine(empty_url)
+def test_the_migrations_build_the_schema_the_code_uses(backend_url):
+    engine = make_engine(backend_url)
     try:
         assert schema.current(engine) is None
         assert schema.upgrade(engine) == (None, schema.head())
@@ -118,11 +103,7 @@ def test_serve_upgrades_an_embedded_database_by_itself(tmp_path):
 @pytest.mark.postgres
 @pytest.mark.slow
 def test_a_postgres_schema_that_is_behind_stops_server_and_workers_naming_the_command(tmp_path):
-    name = f"m_{secrets.token_hex(4)}"
-    with psycopg.connect(ADMIN, autocommit=True) as c:
-        c.execute(f"CREATE SCHEMA {name}")
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{name}"
-    try:
+    with postgres_schema("m") as url:
         engine = make_engine(url)
         schema.upgrade(engine, to="0001")  # a database of an earlier release
         engine.dispose()
@@ -138,6 +119,3 @@ def test_a_postgres_schema_that_is_behind_stops_server_and_workers_naming_the_co
                 assert c.get("/healthz").status_code == 200
         finally:
             svc.stop()
-    finally:
-        with psycopg.connect(ADMIN, autocommit=True) as c:
-            c.execute(f"DROP SCHEMA {name} CASCADE")
