@@ -95,7 +95,7 @@ class Check:
             return tuple(data.image_size), data.num_classes
         if data.dataset.startswith(UPLOAD_PREFIX):
             try:
-                meta = uploads.get(self.settings.data_dir, data.dataset[len(UPLOAD_PREFIX):])
+                meta = uploads.get(self.settings.store, data.dataset[len(UPLOAD_PREFIX):])
             except NotFound:
                 raise Invalid(f"dataset {data.dataset!r} does not exist (GET /datasets lists the uploads)",
                               loc=loc) from None
@@ -158,9 +158,8 @@ class Check:
             raise Invalid(f"model_job {job_id} is {job.state}; it must have succeeded", loc=at)
         if job.kind == "train":
             return {"arch": job.spec["model"]["arch"], **(job.result or {})}
-        meta = self.settings.layout.resolve(job.artifact_path or ".") / ARTIFACT_FILES["meta"]
         try:
-            saved = json.loads(meta.read_text())
+            saved = json.loads(self.settings.store.read_bytes(f"{job.artifact_path or '.'}/{ARTIFACT_FILES['meta']}"))
         except (OSError, ValueError):
             saved = {}
         if not (saved.get("model") or {}).get("arch") or not saved.get("input_shape"):

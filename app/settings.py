@@ -3,9 +3,10 @@ import socket
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trainyard.app import storage
 from trainyard.app.layout import Layout
 
 
@@ -15,6 +16,10 @@ class Settings(BaseSettings):
     data_dir: Path = Path("./trainyard-data")
     # Empty means "the SQLite file under data_dir"; a PostgreSQL URL lets several hosts share one queue.
     database_url: str = ""
+    # Empty means "the data directory"; s3://bucket/prefix keeps artifacts, checkpoints, uploads and job logs
+    # in a bucket (AWS S3, MinIO, R2, Ceph: credentials and AWS_ENDPOINT_URL_S3 from the usual AWS_* variables),
+    # so that hosts share them.
+    storage_url: str = ""
     url: str = "http://127.0.0.1:8000"
     api_token: str | None = None
 
@@ -67,6 +72,13 @@ class Settings(BaseSettings):
     # and the workers of one machine, so that their GPUs are seen as one host's.
     node_name: str | None = Field(None, max_length=200)
 
+    @field_validator("storage_url")
+    @classmethod
+    def _storage_url(cls, v: str) -> str:
+        if v:
+            storage.parse_url(v)
+        return v
+
     @property
     def node(self) -> str:
         return self.node_name or socket.gethostname()
@@ -88,6 +100,10 @@ class Settings(BaseSettings):
     @property
     def layout(self) -> Layout:
         return Layout(self.data_dir)
+
+    @property
+    def store(self) -> storage.Store:
+        return storage.open_store(self.storage_url, self.layout)
 
     def ensure_dirs(self) -> None:
         self.layout.ensure()

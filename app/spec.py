@@ -81,9 +81,24 @@ def check_dataset(name: str) -> str:
     """A built-in dataset, an upload, or a name a plugin may have (whether one does is checked at submit)."""
     if name in DATASETS or PLUGIN_NAME.fullmatch(name):
         return name
-    if name.startswith(UPLOAD_PREFIX) and _UPLOAD_ID.fullmatch(name[len(UPLOAD_PREFIX):]):
+    if check_upload(name):
         return name
     raise ValueError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}, upload:<id> or a dataset plugin")
+
+
+def uploads_named(spec: Any) -> set[str]:
+    """The ids of the uploads a stored spec names as a dataset, wherever it names one."""
+    if isinstance(spec, dict):
+        found = {spec["dataset"][len(UPLOAD_PREFIX):]} if isinstance(spec.get("dataset"), str) and \
+            check_upload(spec["dataset"]) else set()
+        return found.union(*(uploads_named(v) for v in spec.values()))
+    if isinstance(spec, list):
+        return set().union(*(uploads_named(v) for v in spec))
+    return set()
+
+
+def check_upload(name: str) -> bool:
+    return name.startswith(UPLOAD_PREFIX) and bool(_UPLOAD_ID.fullmatch(name[len(UPLOAD_PREFIX):]))
 
 
 def is_plugin_dataset(name: str) -> bool:

@@ -2,6 +2,7 @@
 import pytest
 
 from bench.common import postgres_schema
+from tests.s3 import new_bucket, s3_server
 from tests.service import Service
 from trainyard.app.spec import TRAIN_EXAMPLE
 
@@ -37,3 +38,20 @@ def backend_url(request, tmp_path):
         return
     with postgres_schema("t") as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    with s3_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def bucket(s3_endpoint, monkeypatch):
+    """A fresh bucket on the tests' own S3 server; this process's AWS_* variables point at it."""
+    made = new_bucket(s3_endpoint)
+    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in made.env.items():
+        monkeypatch.setenv(k, v)
+    return made

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import torch
 
+from trainyard.app.storage import Store
 from trainyard.worker.distributed import World
 
 
@@ -36,6 +37,8 @@ class JobContext:
     stop_requested: Callable[[], bool] = lambda: False
     # This process's rank among a multi-device job's processes (rank 0 alone reports, checkpoints, saves).
     world: World = field(default_factory=World)
+    # Where checkpoints and the artifact are published for other hosts (app/storage.py); None: nowhere else.
+    store: Store | None = None
     _restarted: bool = field(default=False, repr=False)
 
     def checkpoint_file(self, epoch: int, step: int) -> Path:
@@ -44,6 +47,16 @@ class JobContext:
         ever resumed from."""
         p = self.checkpoint_path
         return p.with_name(f"{p.stem}-e{epoch:05d}-s{step:06d}{p.suffix}")
+
+    def save_checkpoint(self, epoch: int, step: int, state: dict[str, Any]) -> None:
+        """Write a checkpoint (atomically, to a file of its own), publish it to the store, then report it:
+        the database points only at checkpoints every host can read."""
+        from trainyard.worker import artifacts
+        path = self.checkpoint_file(epoch, step)
+        artifacts.save_checkpoint(path, state)
+        if self.store is not None:
+            self.store.publish(path)
+        self.emit({"type": "checkpoint", "epoch": epoch, "step": step, "path": str(path)})
 
     def log(self, line: str) -> None:
         self.emit({"type": "log", "line": line})

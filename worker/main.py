@@ -8,7 +8,6 @@ import logging
 import multiprocessing as mp
 import os
 import secrets
-import shutil
 import signal
 import time
 from dataclasses import asdict, replace
@@ -19,8 +18,10 @@ from sqlalchemy.exc import OperationalError
 from trainyard.app import device_names, hardware, placement, plugins, queue, schema, wakeup
 from trainyard.app import workers as registry
 from trainyard.app.db import make_engine
+from trainyard.app.layout import ARTIFACT_FILES, UPLOAD_DATA_FILE, UPLOAD_META_FILE
 from trainyard.app.records import Job
 from trainyard.app.settings import Settings
+from trainyard.app.spec import uploads_named
 from trainyard.app.states import Failure, error_record
 from trainyard.worker import memory, runner_entry
 from trainyard.worker.plan import JobPlan
@@ -206,6 +207,7 @@ class Worker:
             model_spec = model_job.spec if model_job.kind == "train" else None
         return JobPlan(
             job=job, device=self.device, data_dir=self.settings.data_dir, run_dir=run_dir, checkpoint_stem=stem,
+            storage_url=self.settings.storage_url, fetch=self._fetch(job, model_job if job.kind == "predict" else None),
             ranks=tuple(r["device"] for r in job.ranks or ()),
             resume_from=layout.resolve(job.checkpoint_path) if job.checkpoint_path else None,
             threads=max(1, (os.cpu_count() or 1) // max(1, len(here["cpu"]))) if self.device == "cpu" else None,
@@ -213,6 +215,17 @@ class Worker:
                                         memory.host_total(), len(here["all"])),
             gpu_memory_fraction=self._gpu_fraction(job), model_dir=model_dir, model_spec=model_spec,
             log_path=layout.log(job.id))
+
+    def _fetch(self, job: Job, model_job: Job | None) -> tuple[str, ...]:
+        """The stored files the job process needs on this host's disk before it starts (from a bucket:
+        another host may have written them): the checkpoint it resumes from, the model a predict job
+        uses, the uploads its spec names."""
+        keys = [job.checkpoint_path] if job.checkpoint_path else []
+        if model_job is not None:
+            keys += [f"{model_job.artifact_path}/{ARTIFACT_FILES[k]}" for k in ("meta", "safetensors")]
+        keys += [f"{self.settings.layout.rel(self.settings.layout.upload(u))}/{name}"
+                 for u in sorted(uploads_named(job.spec)) for name in (UPLOAD_META_FILE, UPLOAD_DATA_FILE)]
+        return tuple(keys)
 
     def _gpu_fraction(self, job: Job) -> float | None:
         """A job that stated its GPU memory is held to it (torch's per-process fraction), so that its
@@ -235,6 +248,7 @@ class Worker:
     def run_job(self, job: Job) -> None:
         log_path = self.settings.layout.log(job.id)
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._fetch_log(job.id)
         try:
             plan = self.plan(job)
         except Exception as exc:  # e.g. the model job's artifact is gone: the job's own problem
@@ -257,8 +271,23 @@ class Worker:
             run.stop_now()
         parent_conn.close()
         run.sum_up()
+        run.publish_log()  # with the lines written after the job's end was recorded
         if run.outcome == "succeeded":
-            shutil.rmtree(self.settings.layout.checkpoints(job.id), ignore_errors=True)
+            try:
+                self.settings.store.delete_prefix(self.settings.layout.rel(self.settings.layout.checkpoints(job.id)))
+            except Exception as exc:  # noqa: BLE001 - leftover checkpoints cost space, not correctness
+                log.warning("job %s: could not delete its checkpoints: %s", job.id, exc)
+
+    def _fetch_log(self, job_id: int) -> None:
+        """A job resumed on this host goes on with the log its earlier runs (on other hosts) wrote."""
+        store = self.settings.store
+        if store.remote:
+            try:
+                store.fetch(self.settings.layout.rel(self.settings.layout.log(job_id)), refresh=True)
+            except FileNotFoundError:
+                pass
+            except Exception as exc:  # noqa: BLE001
+                log.warning("job %s: earlier log not fetched from %s: %s", job_id, store.describe(), exc)
 
 
 def main(settings: Settings, device: str, burst: bool = False, max_jobs: int | None = None) -> int:

@@ -24,3 +24,5 @@ class JobPlan:
     model_spec: dict | None = None   # predict: the train job's spec (None for a run job's model)
     log_path: Path | None = None     # what the job process prints is appended here
     ranks: tuple[str, ...] = ()      # a multi-device job's devices, rank 0 (this worker's) first; () for one device
+    storage_url: str = ""            # where the run's files are published (app/storage.py); "" = the data dir
+    fetch: tuple[str, ...] = ()      # stored keys to bring to this host's data dir first (they may be missing)

@@ -112,9 +112,7 @@ class Context:
         if self.rank > 0:  # rank 0's is the job's
             return
         self._checkpoints += 1
-        path = self._job.checkpoint_file(self._last_epoch, self._checkpoints)
-        artifacts.save_checkpoint(path, state)
-        self._job.emit({"type": "checkpoint", "epoch": self._last_epoch, "step": self._checkpoints, "path": str(path)})
+        self._job.save_checkpoint(self._last_epoch, self._checkpoints, state)
 
     def restore(self) -> dict[str, Any] | None:
         """The latest checkpoint of an earlier run of this job, loaded onto ctx.device; None if there is none."""

@@ -21,6 +21,8 @@ from typing import Callable
 
 import torch
 
+from trainyard.app import storage
+from trainyard.app.layout import Layout
 from trainyard.app.spec import parse_spec
 from trainyard.app.states import Failure, error_record
 from trainyard.worker import distributed, entrypoints, infer, memory, torch_devices, train
@@ -60,6 +62,8 @@ def execute(plan: JobPlan, emit: Callable[[dict], None], own_process: bool = Fal
     device, batch_size, world = None, None, distributed.World()
     try:
         spec = parse_spec(plan.job.spec)
+        store = storage.open_store(plan.storage_url, Layout(plan.data_dir))
+        _fetch(store, plan.fetch)
         batch_size = spec.train.batch_size if spec.kind == "train" else getattr(spec, "batch_size", None)
         if len(plan.ranks) > 1:
             if not own_process:
@@ -71,7 +75,7 @@ def execute(plan: JobPlan, emit: Callable[[dict], None], own_process: bool = Fal
         distributed.init(world, device, plan.checkpoint_stem.with_name(plan.checkpoint_stem.name + ".ranks"))
         ctx = JobContext(job_id=plan.job.id, device=device, data_dir=plan.data_dir, artifact_dir=plan.run_dir,
                          checkpoint_path=plan.checkpoint_stem, resume_path=plan.resume_from, emit=emit,
-                         stop_requested=lambda: _stop, world=world)
+                         stop_requested=lambda: _stop, world=world, store=store)
         if spec.kind == "train":
             result = train.train(spec, ctx)
         elif spec.kind == "run":
@@ -79,6 +83,8 @@ def execute(plan: JobPlan, emit: Callable[[dict], None], own_process: bool = Fal
         else:
             train_spec = parse_spec(plan.model_spec) if plan.model_spec else None
             result = infer.predict(spec, ctx, plan.model_dir, train_spec)
+        if world.rank == 0:  # the run's model or result, for every host to read (a bucket store)
+            store.publish_dir(plan.run_dir)
         emit({"type": "done", "result": result})
     except Preempted:
         emit({"type": "preempted"})
@@ -92,6 +98,17 @@ def execute(plan: JobPlan, emit: Callable[[dict], None], own_process: bool = Fal
             emit({"type": "error", "error": _error(Failure.OOM, exc, message)})
         else:
             emit({"type": "error", "error": _error(Failure.JOB, exc)})
+
+
+def _fetch(store: storage.Store, keys: tuple[str, ...]) -> None:
+    """Bring what another host may have written (the checkpoint to resume from, the model to predict
+    with, uploads) to this host's disk. A missing one is the job's to notice: a missing checkpoint
+    starts it over (JobContext.resume_point), a missing model or upload fails it, naming the file."""
+    for key in keys:
+        try:
+            store.fetch(key)
+        except FileNotFoundError:
+            pass
 
 
 def _capture_output(plan: JobPlan) -> None:

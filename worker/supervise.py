@@ -45,6 +45,7 @@ class JobRun:
     checkpoint: str | None = None       # the latest recorded checkpoint: older ones are deleted
     watch: memory.Watch | None = None
     summed_up: bool = False             # the closing log lines are written
+    published: tuple | None = None      # (size, mtime) of the log when last published to the store
 
     def __post_init__(self) -> None:
         self.checkpoint = str(self.plan.resume_from) if self.plan.resume_from else None
@@ -70,6 +71,21 @@ class JobRun:
             self.log(f"job process peak memory: {memory.gib(self.watch.grown)} over its start "
                      f"(budget {memory.gib(self.plan.memory_budget)})")
         self.summed_up = True
+        self.publish_log()
+
+    def publish_log(self) -> None:
+        """Copy the log to a bucket store when it changed (every heartbeat, and before the job's end is
+        recorded), so that the API on any host serves it. A failed upload costs a stale log, not the job."""
+        store = self.worker.settings.store
+        if not store.remote:
+            return
+        try:
+            stat = self.log_path.stat()
+            if (stat.st_size, stat.st_mtime_ns) != self.published:
+                store.publish(self.log_path)
+                self.published = (stat.st_size, stat.st_mtime_ns)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("job %s: log not published to %s: %s", self.job.id, store.describe(), exc)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -100,6 +116,7 @@ class JobRun:
                     self.lost()
                     break
                 self.worker.housekeeping(state="busy", job_id=self.job.id)
+                self.publish_log()
         self.proc.join(timeout=5)
 
     def check_stops(self, now: float) -> None:
@@ -221,11 +238,18 @@ class JobRun:
             return
         if epochs:
             self.worker.note_torch_memory(epochs[-1][1])
-        if latest:  # earlier checkpoints are no longer referenced: free their disk
+        if latest:  # earlier checkpoints are no longer referenced: free their space
             for old in [self.checkpoint] + [c["path"] for c in checkpoints[:-1]]:
                 if old and old != latest["path"]:
-                    Path(old).unlink(missing_ok=True)
+                    self.forget(old)
             self.checkpoint = latest["path"]
+
+    def forget(self, path: str) -> None:
+        store = self.worker.settings.store
+        try:
+            store.delete(store.layout.rel(path))
+        except Exception as exc:  # noqa: BLE001 - a leftover file costs space, not correctness
+            log.warning("job %s: could not delete old checkpoint %s: %s", self.job.id, path, exc)
 
     def handle(self, event: dict) -> None:
         kind = event.get("type")

@@ -177,9 +177,7 @@ def checkpoint(run: Run, ctx: JobContext, epoch: int, step: int, shuffle_state: 
         "shuffle_rng_at_epoch_start": shuffle_state,
         "partial": partial,
     }
-    path = ctx.checkpoint_file(epoch, step)
-    artifacts.save_checkpoint(path, state)
-    ctx.emit({"type": "checkpoint", "epoch": epoch, "step": step, "path": str(path)})
+    ctx.save_checkpoint(epoch, step, state)
 
 
 # -- one epoch ------------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""Uploaded datasets on disk: store one (parsed, normalised, compressed, within the quotas), read,
-list and delete them. The layout is app/layout.py's: datasets/uploads/<id>/ with data.npz and meta.json.
+"""Uploaded datasets: store one (parsed, normalised, compressed, within the quotas), read, list and
+delete them. The layout is app/layout.py's: datasets/uploads/<id>/ with data.npz and meta.json, in the
+data directory or, with a bucket store (app/storage.py), published there from the data directory.
 
 The id is made here; the client's filename is kept only as a display name, never as a path. A
-dataset appears whole or not at all (written to a hidden directory, then renamed), and the quota
-check and that rename happen under one lock, so two uploads cannot both slip under the quota.
+dataset appears whole or not at all (written to a hidden directory, then renamed; in a bucket,
+meta.json goes last and its presence lists the dataset), and the quota check and that rename happen
+under one lock, so two uploads cannot both slip under the quota (a file lock: servers of one host;
+servers on several hosts sharing a bucket may overshoot the quota by the uploads they race).
 """
 import json
 import os
@@ -20,6 +23,7 @@ import numpy as np
 
 from trainyard.app.errors import NotFound
 from trainyard.app.layout import UPLOAD_DATA_FILE, UPLOAD_META_FILE, Layout, locked
+from trainyard.app.storage import Store
 from trainyard.app.uploads.csv_format import parse_csv
 from trainyard.app.uploads.limits import ACCEPTED, PARSE_SLOTS, Limits, refuse, size
 from trainyard.app.uploads.npz_format import parse_npz
@@ -30,7 +34,14 @@ EXTENSIONS = {".csv": "csv", ".npz": "npz", ".zip": "imagefolder"}
 _parsing = threading.BoundedSemaphore(PARSE_SLOTS)
 
 
-def store(f: BinaryIO, filename: str | None, data_dir: Path, label_column: str | None = None,
+Where = Path | Store  # a data directory (its files are the store) or a store
+
+
+def _store(where: Where) -> Store:
+    return where if isinstance(where, Store) else Store(Layout(where))
+
+
+def store(f: BinaryIO, filename: str | None, where: Where, label_column: str | None = None,
           limits: Limits = Limits()) -> dict:
     """Validate the uploaded file (seekable, e.g. UploadFile.file), store it normalised, return its meta."""
     kind = _format_of(filename)
@@ -53,10 +64,11 @@ def store(f: BinaryIO, filename: str | None, data_dir: Path, label_column: str |
         meta = {"name": _display_name(filename), "format": kind, "samples": int(len(y)),
                 "input_shape": list(x.shape[1:]), "classes": classes, "label_column": label_column,
                 "pixels": bool(x.dtype == np.uint8 and x.ndim == 4), "bytes": nbytes}
-        return _write(Layout(data_dir), x, y, meta, limits)
+        return _write(_store(where), x, y, meta, limits)
 
 
-def _write(layout: Layout, x: np.ndarray, y: np.ndarray, meta: dict, limits: Limits) -> dict:
+def _write(store_: Store, x: np.ndarray, y: np.ndarray, meta: dict, limits: Limits) -> dict:
+    layout = store_.layout
     upload_id = secrets.token_hex(8)
     final = layout.upload(upload_id)
     tmp = final.parent / f".tmp-{upload_id}"
@@ -70,16 +82,22 @@ def _write(layout: Layout, x: np.ndarray, y: np.ndarray, meta: dict, limits: Lim
                 "stored_bytes": (tmp / UPLOAD_DATA_FILE).stat().st_size}
         (tmp / UPLOAD_META_FILE).write_text(json.dumps(meta, indent=1))
         with locked(layout.dataset_lock("uploads")):  # a file lock: several servers may share the data dir
-            _check_quota(layout, meta["stored_bytes"], limits)
+            _check_quota(store_, meta["stored_bytes"], limits)
             os.replace(tmp, final)
+            try:
+                for name in (UPLOAD_DATA_FILE, UPLOAD_META_FILE):  # meta.json last: in a bucket it lists the dataset
+                    store_.publish(final / name)
+            except BaseException:
+                shutil.rmtree(final, ignore_errors=True)
+                raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return meta
 
 
-def _check_quota(layout: Layout, adding: int, limits: Limits) -> None:
-    metas = list_all(layout.root)
+def _check_quota(store_: Store, adding: int, limits: Limits) -> None:
+    metas = list_all(store_)
     if len(metas) >= limits.max_uploads:
         raise refuse("file", f"would be upload number {len(metas) + 1}; at most {limits.max_uploads} are kept "
                              "(TRAINYARD_MAX_UPLOADS): delete some first (DELETE /datasets/<id>)", too_large=True)
@@ -94,30 +112,52 @@ def upload_dir(data_dir: Path, upload_id: str) -> Path:
     return Layout(data_dir).upload(upload_id)
 
 
-def get(data_dir: Path, upload_id: str) -> dict:
+def _meta_key(store_: Store, upload_id: str) -> str:
+    return f"{store_.layout.rel(store_.layout.upload(upload_id))}/{UPLOAD_META_FILE}"
+
+
+def get(where: Where, upload_id: str, cached: bool = False) -> dict:
+    """An upload's meta. From a bucket: read there (another host may have deleted it), or with cached
+    from this host's copy where it has one (meta.json never changes once written)."""
+    store_ = _store(where)
+    key = _meta_key(store_, upload_id)
     try:
-        return json.loads((upload_dir(data_dir, upload_id) / UPLOAD_META_FILE).read_text())
+        if cached or not store_.remote:
+            return json.loads(store_.fetch(key).read_text())
+        return json.loads(store_.read_bytes(key))
     except (FileNotFoundError, NotADirectoryError):
         raise NotFound(f"no uploaded dataset {upload_id!r}") from None
 
 
-def list_all(data_dir: Path) -> list[dict]:
+def list_all(where: Where) -> list[dict]:
     """Newest first. Half-written (.tmp-*) and half-deleted (.del-*) directories are not listed."""
-    root = Layout(data_dir).uploads()
+    store_ = _store(where)
+    if store_.remote:
+        ids = [k.split("/")[-2] for k in store_.keys(store_.layout.rel(store_.layout.uploads()))
+               if k.endswith("/" + UPLOAD_META_FILE)]
+    else:
+        root = store_.layout.uploads()
+        ids = [entry.name for entry in (root.iterdir() if root.is_dir() else ())]
     metas = []
-    for entry in root.iterdir() if root.is_dir() else ():
-        if re.fullmatch(r"[a-z0-9]{1,64}", entry.name):
+    for upload_id in ids:
+        if re.fullmatch(r"[a-z0-9]{1,64}", upload_id):
             try:
-                metas.append(get(data_dir, entry.name))
+                metas.append(get(store_, upload_id, cached=True))
             except NotFound:  # deleted while we looked
                 pass
     return sorted(metas, key=lambda m: m["created_at"], reverse=True)
 
 
-def delete(data_dir: Path, upload_id: str) -> None:
+def delete(where: Where, upload_id: str) -> None:
     """Remove an uploaded dataset. Jobs that name it are not checked: queued or running jobs that still
     have to load it fail with a JobError saying it was deleted (a job that has loaded it is unaffected)."""
-    folder = upload_dir(data_dir, upload_id)
+    store_ = _store(where)
+    if store_.remote:
+        get(store_, upload_id)  # NotFound if there is none
+        store_.delete(_meta_key(store_, upload_id))  # first: gone from every listing at once
+        store_.delete_prefix(store_.layout.rel(store_.layout.upload(upload_id)))
+        return
+    folder = store_.layout.upload(upload_id)
     doomed = folder.parent / f".del-{upload_id}-{time.time_ns()}"
     try:
         os.replace(folder, doomed)  # gone from the listing at once, even if the removal below is slow

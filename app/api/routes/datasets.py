@@ -60,22 +60,22 @@ def upload_dataset(
         label_column: Annotated[str | None, Form(max_length=1000, description="CSV: the column of class labels")]
         = None) -> DatasetPublic:
     """Validate and store a dataset; train and predict jobs then name it as `upload:<id>`."""
-    meta = uploads.store(file.file, file.filename, settings.data_dir, label_column,
+    meta = uploads.store(file.file, file.filename, settings.store, label_column,
                          uploads.Limits.from_settings(settings))
     return DatasetPublic.from_meta(meta)
 
 
 def list_datasets(settings: SettingsDep) -> DatasetsPublic:
-    metas = uploads.list_all(settings.data_dir)
+    metas = uploads.list_all(settings.store)
     return DatasetsPublic(data=[DatasetPublic.from_meta(m) for m in metas], count=len(metas))
 
 
 def get_dataset(dataset_id: DatasetId, settings: SettingsDep) -> DatasetPublic:
-    return DatasetPublic.from_meta(uploads.get(settings.data_dir, dataset_id))
+    return DatasetPublic.from_meta(uploads.get(settings.store, dataset_id))
 
 
 def delete_dataset(dataset_id: DatasetId, settings: SettingsDep) -> Response:
     """Delete an uploaded dataset. Jobs that use it are not checked: a queued or running job that has
     not loaded it yet fails with an error saying the dataset was deleted."""
-    uploads.delete(settings.data_dir, dataset_id)
+    uploads.delete(settings.store, dataset_id)
     return Response(status_code=204)

@@ -2,17 +2,16 @@
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel
 
-from trainyard.app import admission, queue
+from trainyard.app import admission, queue, storage
 from trainyard.app.api.deps import EngineDep, SettingsDep
 from trainyard.app.api.schemas import NOT_FOUND, JobPublic, JobsPublic, MetricPublic, responses
 from trainyard.app.errors import Conflict, Gone, NotFound
@@ -147,17 +146,16 @@ def _event(name: str, data, job: Job, epoch: int) -> ServerSentEvent:
             responses={**NOT_FOUND, **responses(conflict="the job has not succeeded", gone="its file is gone")})
 def job_result(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> Response:
     """The whole result. A prediction's rows and an evaluation's confusion matrix live in a file beside
-    the job's run (streamed from disk here); the job itself carries only their summary."""
+    the job's run (streamed from storage here); the job itself carries only their summary."""
     job = queue.get_job(engine, job_id)
     if job.state != JobState.SUCCEEDED:
         raise Conflict(f"job {job_id} is {job.state}; a result exists once it has succeeded")
     if job.kind == "predict" and job.artifact_path:
-        path = settings.layout.resolve(Path(job.artifact_path) / RESULT_FILE)
-        if not path.is_file():
-            raise Gone(f"the result of job {job_id} is gone from the data directory")
-        return FileResponse(path, media_type="application/json")
+        try:
+            return _stored(settings.store, f"{job.artifact_path}/{RESULT_FILE}", "application/json")
+        except FileNotFoundError:
+            raise Gone(f"the result of job {job_id} is gone from {settings.store.describe()}") from None
     return JSONResponse(job.result)
-
 
 
 @router.get("/{job_id}/artifact", response_class=FileResponse,
@@ -165,25 +163,39 @@ def job_result(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> Respo
                        **responses(not_found="no such job, or one without a model", conflict="the job has not succeeded",
                                    gone="its files are gone")})
 def job_artifact(job_id: JobId, engine: EngineDep, settings: SettingsDep,
-                 format: Literal["safetensors", "pt", "meta"] = "safetensors") -> FileResponse:
+                 format: Literal["safetensors", "pt", "meta"] = "safetensors") -> Response:
     job = queue.get_job(engine, job_id)
     if job.kind == "predict":
         raise NotFound(f"job {job_id} is a predict job; train jobs (and run jobs that save a model) have artifacts")
     if job.state != JobState.SUCCEEDED or not job.artifact_path:
         raise Conflict(f"job {job_id} is {job.state}; its artifact exists once it has succeeded")
-    path = settings.layout.resolve(Path(job.artifact_path) / ARTIFACT_FILES[format])
-    if not path.is_file():
-        if job.kind == "run":
-            raise NotFound(f"run job {job_id} saved no model (ctx.save_model)")
-        raise Gone(f"the artifact of job {job_id} is gone from the data directory")
     name = ARTIFACT_FILES[format].replace("model", f"job-{job_id}-model").replace("meta", f"job-{job_id}-meta")
     media = "application/json" if format == "meta" else "application/octet-stream"
-    return FileResponse(path, filename=name, media_type=media)
+    try:
+        return _stored(settings.store, f"{job.artifact_path}/{ARTIFACT_FILES[format]}", media, name)
+    except FileNotFoundError:
+        if job.kind == "run":
+            raise NotFound(f"run job {job_id} saved no model (ctx.save_model)") from None
+        raise Gone(f"the artifact of job {job_id} is gone from {settings.store.describe()}") from None
+
+
+def _stored(store: storage.Store, key: str, media_type: str, filename: str | None = None) -> Response:
+    """A stored file as the response, streamed in chunks (never whole in memory); FileNotFoundError if missing."""
+    if not store.remote:
+        path = store.fetch(key)
+        return FileResponse(path, filename=filename, media_type=media_type)
+    size = store.size(key)
+    headers = {"Content-Length": str(size)}
+    if filename:
+        headers["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return StreamingResponse(store.stream(key), media_type=media_type, headers=headers)
 
 
 @router.get("/{job_id}/logs", response_class=PlainTextResponse, responses=NOT_FOUND)
 def job_logs(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> str:
     queue.get_job(engine, job_id)
-    path = settings.layout.log(job_id)
-    return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+    try:
+        return settings.store.read_bytes(settings.layout.rel(settings.layout.log(job_id))).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return ""
 
