@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow  # starts the real server and workers
 
 COMPOSE = ROOT / "docker-compose.yml"
 COMPOSE_CPU = ROOT / "docker-compose.cpu.yml"
+COMPOSE_HOSTS = ROOT / "docker-compose.hosts.yml"
 DOCKERFILE = ROOT / "Dockerfile.gpu"
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 HEALTHCHECK = ROOT / "docker" / "healthcheck.py"
@@ -139,6 +140,31 @@ def test_compose_cpu_variant():
     assert worker["depends_on"]["api"]["condition"] == "service_healthy"
 
 
+def test_compose_hosts_variant():
+    """Several hosts: API and workers share PostgreSQL and a MinIO bucket, nothing on a shared disk."""
+    c = merge(load(COMPOSE), load(COMPOSE_HOSTS))
+    services = c["services"]
+    api, worker = services["api"], services["worker"]
+    for svc in (api, worker):
+        env = {k: interpolate(str(v)) for k, v in svc["environment"].items()}
+        assert env["TRAINYARD_DATABASE_URL"] == "postgresql+psycopg://trainyard:trainyard@postgres:5432/trainyard"
+        assert env["TRAINYARD_STORAGE_URL"] == "s3://trainyard/data"
+        assert env["AWS_ENDPOINT_URL_S3"] == "http://minio:9000"
+        assert env["AWS_SECRET_ACCESS_KEY"] == interpolate(services["minio"]["environment"]["MINIO_ROOT_PASSWORD"])
+        Settings(storage_url=env["TRAINYARD_STORAGE_URL"])  # a URL trainyard takes
+    # Inherited from docker-compose.yml: the API's port, the worker's GPUs and grace period.
+    assert "TRAINYARD_ALLOWED_HOSTS" in api["environment"] and gpu_devices(worker)
+    assert interpolate(worker["environment"]["TRAINYARD_URL"]) == "http://api:8000"
+    assert api["depends_on"] == {"postgres": {"condition": "service_healthy"},
+                                 "minio-bucket": {"condition": "service_completed_successfully"}}
+    # The bucket the init service makes is the one the storage URL names.
+    assert "mc mb --ignore-existing s3/trainyard" in services["minio-bucket"]["entrypoint"][2]
+    assert set(c["volumes"]) == {"trainyard-data", "postgres-data", "minio-data"}
+    # The image carries the drivers these need.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert any(r.startswith("boto3") for r in project["optional-dependencies"]["s3"])
+
+
 def _compose_plugin() -> bool:
     try:
         return subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30).returncode == 0
@@ -159,7 +185,7 @@ def test_compose_config_with_docker_compose():
         return subprocess.run(["docker", "compose", *args, "config", *fmt], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=60)
 
-    for files in ((COMPOSE,), (COMPOSE, COMPOSE_CPU)):
+    for files in ((COMPOSE,), (COMPOSE, COMPOSE_CPU), (COMPOSE, COMPOSE_HOSTS), (COMPOSE, COMPOSE_CPU, COMPOSE_HOSTS)):
         r = config(*files, fmt=["-q"])
         assert r.returncode == 0, r.stderr
     gpu = json.loads(config(COMPOSE, fmt=["--format", "json"]).stdout)["services"]
@@ -252,7 +278,8 @@ def test_dockerfile_dependency_list_is_the_pinned_one():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     reqs = out.split()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert reqs == project["dependencies"] + project["optional-dependencies"]["postgres"]
+    assert reqs == project["dependencies"] + project["optional-dependencies"]["postgres"] + \
+        project["optional-dependencies"]["s3"]
     assert any(re.fullmatch(r"torch==[\d.]+", r) for r in reqs), "torch is pinned exactly"
 
 

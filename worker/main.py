@@ -96,7 +96,7 @@ class Worker:
                       "plugins": self.plugins, "plugin_details": plugins.describe(offered)}
         self.db(registry.register_worker, self.id, self.settings.node, os.getpid(), self.device, self.stats)
         self.listener = wakeup.Listener(self.engine, self.id)
-        log.info("worker %s on %s ready", self.id, self.device)
+        log.info("worker %s on %s ready (files: %s)", self.id, self.device, self.settings.store.describe())
         try:
             while not self.stopping and not self._done():
                 job = self._next_job()

@@ -1,0 +1,79 @@
+"""Hosts that share only PostgreSQL and a bucket: no file of one host's disk is read by another.
+
+Three processes with data directories of their own stand for three hosts: the API, worker A and
+worker B, each with its own TRAINYARD_NODE_NAME. The bucket is on the tests' own S3 server (moto's).
+"""
+import os
+import signal
+
+import pytest
+import safetensors.torch
+
+from bench.common import postgres_schema
+from tests.conftest import IRIS_JOB, slow_job
+from tests.service import Service
+from tests.test_reliability import metrics, wait_checkpoint
+from tests.test_uploads import iris_csv
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+
+def files_under(folder) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) if folder.exists() else []
+
+
+def test_a_job_killed_on_one_host_resumes_on_another_from_the_bucket(tmp_path, bucket):
+    def host(name: str) -> dict:
+        return {"TRAINYARD_DATA_DIR": str(tmp_path / name), "TRAINYARD_NODE_NAME": name}
+
+    with postgres_schema("hosts") as db_url:
+        api = Service(tmp_path / "api", db_url, env={**bucket.env, "TRAINYARD_STORAGE_URL": bucket.url,
+                                                     "TRAINYARD_NODE_NAME": "api"}).start_server()
+        try:
+            with api.client() as c:
+                r = c.post("/datasets", files={"file": ("iris.csv", iris_csv())}, data={"label_column": "species"})
+            assert r.status_code == 201, r.text
+            upload = r.json()
+            assert f"trainyard/datasets/uploads/{upload['id']}/data.npz" in bucket.keys()
+
+            a = api.start_worker("cpu", env=host("host-a"))
+            job = api.submit(slow_job(epochs=10))
+            wait_checkpoint(api, job["id"], 2)
+            os.kill(a.pid, signal.SIGKILL)
+            killed = api.job(job["id"])
+            assert [k for k in bucket.keys() if k.startswith(f"trainyard/checkpoints/{job['id']}/")
+                    and f"-e{killed['checkpoint_epoch']:05d}-" in k], bucket.keys()
+            assert files_under(tmp_path / "host-b") == []  # host B has never seen any file of this job
+
+            api.start_worker("cpu", env=host("host-b"))
+            done = api.wait_state(job["id"], timeout=240)
+            assert done["state"] == "succeeded" and done["runs"] == 2, done
+            resumed = done["result"]["resumed_from_epoch"]
+            assert resumed is not None and resumed >= killed["checkpoint_epoch"]
+            assert [m["epoch"] for m in metrics(api, job["id"])] == list(range(1, 11))
+            # Host B resumed from the bucket's copy of host A's checkpoint; the job's checkpoints are
+            # deleted from the bucket once it has succeeded.
+            assert not [k for k in bucket.keys() if k.startswith(f"trainyard/checkpoints/{job['id']}/")]
+
+            with api.client() as c:
+                log = c.get(f"/jobs/{job['id']}/logs").text
+                art = c.get(f"/jobs/{job['id']}/artifact")
+                # The uploaded dataset, trained on and predicted from on host B, from the bucket.
+                tiny = api.submit({**IRIS_JOB, "data": {"dataset": upload["dataset"]}, "device": "cpu"})
+                assert api.wait_state(tiny["id"])["state"] == "succeeded"
+                pred = api.submit({"kind": "predict", "model_job": tiny["id"],
+                                   "data": {"dataset": upload["dataset"], "split": "all"}})
+                assert api.wait_state(pred["id"])["state"] == "succeeded"
+                rows = c.get(f"/jobs/{pred['id']}/result").json()
+            # One log, both hosts' runs: host B went on with what host A had published.
+            assert "on host-a-" in log and "on host-b-" in log and "resumed from checkpoint" in log, log
+            assert art.status_code == 200 and art.headers["content-length"] == str(len(art.content))
+            state = safetensors.torch.load(art.content)
+            assert state and all(t.isfinite().all() for t in state.values())
+            assert rows["samples"] == 150 and rows["accuracy"] > 0.8, rows  # result.json, from the bucket
+            # The API served all of it from the bucket: no job's file is on its disk (the upload it received is,
+            # as its cache).
+            assert not [f for f in files_under(tmp_path / "api") if f.split("/")[0] in
+                        ("artifacts", "checkpoints", "logs")], files_under(tmp_path / "api")
+        finally:
+            api.stop()
