@@ -50,7 +50,7 @@ class Job:
     @classmethod
     def from_row(cls, row) -> "Job":
         m = row._mapping
-        values = {f.name: m[f.name] for f in fields(cls)}
+        values = {f.name: m.get(f.name) for f in fields(cls)}  # a column left unread is None
         values["state"] = JobState(values["state"])
         values["errors"] = values["errors"] or []
         return cls(**values)

@@ -86,7 +86,7 @@ def test_page_loads_clean_and_shows_the_cpu_and_its_worker(live, watched):
     # Everything comes from the server itself: no CDN, no fonts, nothing else.
     assert watched.requests and all(r.url.startswith(live.url + "/") for r in watched.requests), \
         [r.url for r in watched.requests]
-    assert any(r.url.endswith("/jobs?limit=100") for r in watched.requests)
+    assert any(r.url.endswith("/jobs?limit=100&include=spec,result") for r in watched.requests)
 
 
 def test_job_reaches_succeeded_and_its_page_plots_every_epoch(live, watched, tmp_path):
@@ -263,7 +263,7 @@ def test_token_is_asked_for_stored_and_sent(browser, tmp_path):
         page.get_by_role("button", name="Save token").click()
         expect(state_cell(page, job["id"])).to_have_text("queued")
         expect(token).to_be_hidden()
-        sent = [r.all_headers().get("authorization") for r in w.requests if r.url.endswith("/jobs?limit=100")]
+        sent = [r.all_headers().get("authorization") for r in w.requests if r.url.endswith("/jobs?limit=100&include=spec,result")]
         assert sent[-1] == "Bearer dash-s3cret"
 
         page.reload()  # kept in localStorage

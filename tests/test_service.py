@@ -114,6 +114,15 @@ def test_devices_workers_and_listing(service):
         assert [j["id"] for j in c.get("/jobs", params={"state": "queued"}).json()["data"]] == [b["id"]]
         assert c.get("/jobs", params={"kind": "predict"}).json()["count"] == 0
         assert c.get("/jobs", params={"limit": 1, "offset": 1}).json()["data"][0]["id"] == a["id"]
+        # List items are light: no spec, errors or result unless asked for.
+        light = c.get("/jobs", params={"state": "succeeded"}).json()["data"][0]
+        assert not {"spec", "errors", "result"} & set(light) and light["requested_device"] == "cpu"
+        full = c.get(f"/jobs/{a['id']}").json()
+        assert {k: v for k, v in full.items() if k not in ("spec", "errors", "result")} == light
+        some = c.get("/jobs", params={"state": "succeeded", "include": "result,spec"}).json()["data"][0]
+        assert some == {**light, "spec": full["spec"], "result": full["result"]}
+        bad = c.get("/jobs", params={"include": "spec,traceback"})
+        assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "include"]
         assert c.post(f"/jobs/{b['id']}/cancel").json()["state"] == "cancelled"
         assert c.post(f"/jobs/{b['id']}/cancel").status_code == 409
         assert c.get("/docs").status_code == 200

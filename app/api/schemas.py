@@ -21,12 +21,12 @@ class Progress(BaseModel):
     epochs: int | None = None
 
 
-class JobPublic(BaseModel):
+class JobSummary(BaseModel):
+    """What a list page shows of each job; JobPublic (GET /jobs/{id}) adds the spec, errors and result."""
     id: int
     kind: str
     name: str | None
     state: JobState
-    spec: dict[str, Any]
     priority: int
     created_at: datetime
     started_at: datetime | None
@@ -35,6 +35,7 @@ class JobPublic(BaseModel):
     max_attempts: int
     runs: int = Field(description="times the job has been claimed by a worker")
     worker_id: str | None
+    requested_device: str = Field(description="the spec's device: auto, cpu, cuda or cuda:N")
     device: str | None = Field(description="the device the job ran on (rank 0's, for a job on several devices)")
     ranks: list[dict[str, str]] | None = Field(None, description="a job on several devices: each rank's worker and "
                                                                  "device, rank 0 first, for its latest run")
@@ -44,35 +45,64 @@ class JobPublic(BaseModel):
     peak_memory_reserved: int | None = Field(description="peak torch.cuda.memory_reserved (bytes, CUDA only)")
     checkpoint_epoch: int | None
     parameters: int | None = Field(None, description="the model's parameter count (train jobs), counted at submit")
-    error: dict[str, Any] | None
-    errors: list[dict[str, Any]]
-    result: dict[str, Any] | None = Field(description="summary of the result; GET /jobs/{id}/result has all of it")
+    error: dict[str, Any] | None = Field(description="the latest error, without its traceback")
     waiting_for: str | None = Field(None, description="a queued job no live worker can take: why (no worker for its "
                                                       "device, plugin or GPU memory); null while it only waits its turn")
 
-    @classmethod
-    def from_job(cls, job: Job, waiting_for: str | None = None) -> "JobPublic":
+
+# The parts of a job a list page leaves out unless asked (GET /jobs?include=spec,errors,result): they are
+# most of a row's bytes, and decoding and encoding them most of a list request's cost.
+HEAVY = ("spec", "errors", "result")
+
+
+def job_fields(job: Job, waiting_for: str | None, include: tuple[str, ...] = HEAVY) -> dict[str, Any]:
+    error = job.error
+    if error:
+        error = {k: v for k, v in error.items() if k != "traceback"}
+    out = dict(
+        id=job.id, kind=job.kind, name=job.name, state=job.state, priority=job.priority,
+        created_at=ts(job.created_at), started_at=ts(job.started_at), finished_at=ts(job.finished_at),
+        attempt=job.attempt, max_attempts=job.max_attempts, runs=job.claim, worker_id=job.worker_id,
+        requested_device=job.device_req, device=job.device, ranks=job.ranks,
+        progress=Progress.model_construct(epoch=job.epoch, epochs=job.epochs),
+        latest_metrics=job.latest_metrics, peak_memory_allocated=job.peak_memory_allocated,
+        peak_memory_reserved=job.peak_memory_reserved, checkpoint_epoch=job.checkpoint_epoch,
+        parameters=job.parameters, error=error, waiting_for=waiting_for)
+    if "spec" in include:
+        out["spec"] = job.spec
+    if "errors" in include:
+        out["errors"] = [{k: v for k, v in e.items() if k != "traceback"} for e in job.errors]
+    if "result" in include:
         result = job.result
         if result and isinstance(result.get("predictions", result.get("confusion_matrix")), list):
             # A row from before results moved beside the run: show the same summary a new one holds.
             result = {k: v for k, v in result.items() if k not in _BULKY}
             if isinstance(job.result.get("predictions"), list):
                 result["predictions"] = len(job.result["predictions"])
-        error = job.error
-        if error:
-            error = {k: v for k, v in error.items() if k != "traceback"}
+        out["result"] = result
+    return out
+
+
+class JobPublic(JobSummary):
+    spec: dict[str, Any]
+    errors: list[dict[str, Any]] = Field(description="every error of every attempt, oldest first")
+    result: dict[str, Any] | None = Field(description="summary of the result; GET /jobs/{id}/result has all of it")
+
+    @classmethod
+    def from_job(cls, job: Job, waiting_for: str | None = None) -> "JobPublic":
         # Built without validation: every value comes from our own database in the types above, and
         # validating dozens of nested dicts per page was most of a list request's cost.
-        return cls.model_construct(
-            id=job.id, kind=job.kind, name=job.name, state=job.state, spec=job.spec, priority=job.priority,
-            created_at=ts(job.created_at), started_at=ts(job.started_at), finished_at=ts(job.finished_at),
-            attempt=job.attempt, max_attempts=job.max_attempts, runs=job.claim, worker_id=job.worker_id,
-            device=job.device, ranks=job.ranks, progress=Progress.model_construct(epoch=job.epoch, epochs=job.epochs),
-            latest_metrics=job.latest_metrics, peak_memory_allocated=job.peak_memory_allocated,
-            peak_memory_reserved=job.peak_memory_reserved, checkpoint_epoch=job.checkpoint_epoch,
-            parameters=job.parameters, error=error,
-            errors=[{k: v for k, v in e.items() if k != "traceback"} for e in job.errors], result=result,
-            waiting_for=waiting_for)
+        return cls.model_construct(**job_fields(job, waiting_for))
+
+
+class JobListItem(JobSummary):
+    spec: dict[str, Any] | None = Field(None, description="present with include=spec")
+    errors: list[dict[str, Any]] | None = Field(None, description="present with include=errors")
+    result: dict[str, Any] | None = Field(None, description="present with include=result (its summary)")
+
+    @classmethod
+    def from_job(cls, job: Job, waiting_for: str | None, include: tuple[str, ...]) -> "JobListItem":
+        return cls.model_construct(**job_fields(job, waiting_for, include))  # fields not included stay unset
 
 
 class ErrorPublic(BaseModel):
@@ -90,7 +120,7 @@ UNAUTHORIZED = responses(unauthorized="a token is configured and the request did
 
 
 class JobsPublic(BaseModel):
-    data: list[JobPublic]
+    data: list[JobListItem]
     count: int = Field(description="jobs matching the filter, over all pages")
     limit: int
     offset: int

@@ -116,7 +116,7 @@ def cmd_jobs(client: Client, args) -> int:
         t = Table("id", "kind", "name", "state", "device", "progress", "created")
         for j in page["data"]:
             ran = " + ".join(r["device"] for r in j.get("ranks") or []) or j["device"]  # each rank's device
-            t.add_row(str(j["id"]), j["kind"], j["name"] or "", j["state"], ran or j["spec"]["device"],
+            t.add_row(str(j["id"]), j["kind"], j["name"] or "", j["state"], ran or j["requested_device"],
                       progress_text(j), j["created_at"][:19])
         console.print(t)
         console.print(f"{len(page['data'])} of {page['count']} jobs")

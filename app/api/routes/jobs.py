@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from trainyard.app import admission, queue, storage
 from trainyard.app.api.deps import EngineDep, SettingsDep
-from trainyard.app.api.schemas import NOT_FOUND, JobPublic, JobsPublic, MetricPublic, responses
+from trainyard.app.api.schemas import HEAVY, NOT_FOUND, JobListItem, JobPublic, JobsPublic, MetricPublic, responses
 from trainyard.app.errors import Conflict, Gone, NotFound
 from trainyard.app.layout import ARTIFACT_FILES, RESULT_FILE
 from trainyard.app.records import Job
@@ -22,6 +22,7 @@ from trainyard.app.states import TERMINAL, JobState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 # Bounded so that no id reaches the database as an integer it cannot store.
+INCLUDE_PATTERN = rf"^({'|'.join(HEAVY)})(,({'|'.join(HEAVY)}))*$"
 JobId = Annotated[int, PathParam(ge=1, le=MAX_ID)]
 EVENTS_POLL_S = 0.25
 
@@ -52,13 +53,23 @@ async def list_jobs(engine: EngineDep, settings: SettingsDep,
                     state: Annotated[JobState | None, Query()] = None,
                     kind: Annotated[Literal[JOB_KINDS] | None, Query()] = None,  # type: ignore[valid-type]
                     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-                    offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> Response:
+                    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+                    include: Annotated[str | None, Query(
+                        pattern=INCLUDE_PATTERN, max_length=40, examples=["spec,result"],
+                        description="comma-separated: spec, errors, result (left out of list items by default)")] = None,
+                    ) -> Response:
+    """A page of jobs, newest first. Items are light: a job's spec, errors and result are left out
+    unless `include` names them (GET /jobs/{id} has all of it)."""
+    wanted = tuple(sorted(set(include.split(",")))) if include else ()
+
     def read():
-        rows, count = queue.list_jobs(engine, state, kind, limit, offset)
+        rows, count = queue.list_jobs(engine, state, kind, limit, offset,
+                                      leave_out=tuple(h for h in HEAVY if h not in wanted))
         return rows, count, admission.why_waiting(engine, settings, rows)
     rows, count, waiting = await run_in_threadpool(read)
-    return as_json(JobsPublic(data=[JobPublic.from_job(r, waiting.get(r.id)) for r in rows], count=count,
-                              limit=limit, offset=offset))
+    page = JobsPublic.model_construct(data=[JobListItem.from_job(r, waiting.get(r.id), wanted) for r in rows],
+                                      count=count, limit=limit, offset=offset)
+    return Response(page.model_dump_json(exclude_unset=True), media_type="application/json")
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)

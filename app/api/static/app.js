@@ -361,7 +361,7 @@
     updateProgress(row.progress, job);
     setText(row.loss, fmtLoss(latest(job, "train_loss")));
     setText(row.acc, fmtPct(latest(job, "val_accuracy")));
-    const requested = (job.spec && job.spec.device) || "auto";
+    const requested = job.requested_device || "auto";
     // A job on several devices shows each rank's ("cuda:0 + cuda:1").
     const ran = job.ranks ? job.ranks.map((r) => r.device).join(" + ") : job.device;
     setText(row.device, ran || requested);
@@ -373,7 +373,7 @@
   }
 
   async function refreshList(current) {
-    const [jobs, devices] = await Promise.all([api("/jobs?limit=100"), api("/devices")]);
+    const [jobs, devices] = await Promise.all([api("/jobs?limit=100&include=spec,result"), api("/devices")]);
     if (!current()) return;
     const body = $("jobs-body");
     const seen = new Set();
@@ -563,7 +563,7 @@
     updateProgress(jobView.progress, job);
 
     const t = jobTime(job);
-    const requested = (job.spec && job.spec.device) || "auto";
+    const requested = job.requested_device || "auto";
     const m = job.latest_metrics || {};
     facts($("job-facts"), [
       ["kind", `${job.kind} · ${jobSummary(job)}`],
