@@ -23,7 +23,7 @@ from sqlalchemy import (
     create_engine,
     event,
 )
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import FunctionElement
 from sqlalchemy.types import Float as FloatType
@@ -130,17 +130,27 @@ def _pg_now(element, compiler, **kw):
     return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
 
 
+# Longer than any transaction of ours takes (milliseconds), shorter than a test's patience.
+IDLE_IN_TRANSACTION_MS = 10_000
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False},
                                pool_size=8, max_overflow=16)
-        _configure_sqlite(engine)
+        configure_sqlite(engine)
     else:
-        engine = create_engine(url, pool_size=8, max_overflow=16, pool_pre_ping=True)
+        # A session left idle inside a transaction (its process frozen: SIGSTOP, a paused VM) is ended by
+        # the server after this long, so the row locks it holds cannot hold the queue up for longer.
+        parsed = make_url(url)  # options the URL sets (a search_path, say) are kept beside ours
+        options = " ".join(filter(None, (parsed.query.get("options"),
+                                         f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}")))
+        engine = create_engine(parsed.difference_update_query(["options"]), pool_size=8, max_overflow=16,
+                               pool_pre_ping=True, connect_args={"options": options})
     return engine
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def configure_sqlite(engine: Engine, busy_ms: int = 30000, transactions: bool = True) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):
         # Let us issue BEGIN ourselves, so writes can take the lock up front (BEGIN IMMEDIATE):
@@ -149,10 +159,13 @@ def _configure_sqlite(engine: Engine) -> None:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute(f"PRAGMA busy_timeout={int(busy_ms)}")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
+
+    if not transactions:  # each statement its own transaction (and snapshot): reads of one row
+        return
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection):

@@ -1,8 +1,10 @@
 """API benchmark: requests/s and latency of the main endpoints, beside a bare FastAPI app as the ceiling.
 
-Run: `.venv/bin/python -m bench.api [--quick]` from the repository root.
+Run: `.venv/bin/python -m bench.api [--quick] [--processes N] [--backend sqlite|postgres|both]` from the
+repository root.
 
-Setup: `trainyard serve` on a fresh data dir (SQLite) plus one CPU worker, so that GET /devices
+Setup, per backend (default: both, one after the other in one run): `trainyard serve` on a fresh data
+dir and a fresh database (a SQLite file, or a schema of its own in the local PostgreSQL) plus one CPU worker, so that GET /devices
 reports a worker as in a real deployment and GET /jobs/{id} reads a job that really ran (state,
 times, latest metrics, result). The worker stays idle, waiting to be woken by a queue change as it would
 in production. The database is preloaded with 500 queued jobs for device "cuda:9", which no worker
@@ -29,10 +31,11 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from contextlib import nullcontext
 
 import httpx
 
-from bench.common import TINY_JOB, CpuMeter, env_line, load_note, pct, service, table, verdict
+from bench.common import TINY_JOB, CpuMeter, env_line, load_note, pct, postgres_schema, service, table, verdict
 from trainyard.app.launcher import ROOT, free_port
 from trainyard.app.states import JobState
 
@@ -149,36 +152,50 @@ async def measure(endpoints, pids: dict, seconds: float) -> list[dict]:
     return out
 
 
+def run_backend(backend: str, args, seconds: float, preload: int, bare_url: str, bare_pid: int,
+                measure_bare: bool) -> list[dict]:
+    """One service on this backend (a fresh SQLite file, or a fresh PostgreSQL schema), loaded, measured."""
+    with (postgres_schema() if backend == "PostgreSQL" else nullcontext("")) as url, \
+            service(workers=1, processes=args.processes, database_url=url) as svc, svc.client() as c:
+        job = c.post("/jobs", json=TINY_JOB).raise_for_status().json()
+        if svc.wait_state(job["id"])["state"] != JobState.SUCCEEDED:
+            raise RuntimeError(f"the tiny job failed:\n{svc.output()}")
+        for _ in range(preload):
+            c.post("/jobs", json=POST_BODY).raise_for_status()
+        assert len(c.get("/jobs", params={"limit": 50}).json()["data"]) == min(50, preload + 1)
+        svc.wait_until(lambda: _up(f"{bare_url}/bare"), 30, "the bare app")
+        endpoints = [  # name, server, method, url, expected status, body
+            ("bare FastAPI GET /bare (ceiling)", "bare", "GET", f"{bare_url}/bare", 200, None),
+            ("bare FastAPI GET /bare-sync", "bare", "GET", f"{bare_url}/bare-sync", 200, None),
+        ] if measure_bare else []
+        endpoints += [
+            (f"GET /jobs/{job['id']}", "server", "GET", f"{svc.url}/jobs/{job['id']}", 200, None),
+            ("GET /jobs?limit=50", "server", "GET", f"{svc.url}/jobs?limit=50", 200, None),
+            ("GET /devices", "server", "GET", f"{svc.url}/devices", 200, None),
+            ("POST /jobs", "server", "POST", f"{svc.url}/jobs", 201, POST_BODY),
+        ]
+        pids = {"bare": bare_pid, "server": svc.server.pid, "worker": svc.workers[0].pid}
+        results = asyncio.run(measure(endpoints, pids, seconds))
+    return [{**r, "backend": "" if r["name"].startswith("bare") else backend} for r in results]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: 0.5 s per mode, 20 preloaded jobs")
     ap.add_argument("--processes", type=int, default=1, help="server processes (trainyard serve --workers N)")
+    ap.add_argument("--backend", choices=["sqlite", "postgres", "both"], default="both")
     args = ap.parse_args()
     seconds, preload = (0.5, 20) if args.quick else (5.0, 500)
+    backends = {"sqlite": ["SQLite"], "postgres": ["PostgreSQL"], "both": ["SQLite", "PostgreSQL"]}[args.backend]
 
-    env = env_line()  # taken first: its load average is the one the run started with
+    env = env_line(" and ".join(backends))  # taken first: its load average is the one the run started with
     bare_port = free_port()
     bare = subprocess.Popen([sys.executable, "-m", "bench.bare_app", str(bare_port)], cwd=ROOT)
     try:
-        with service(workers=1, processes=args.processes) as svc, svc.client() as c:
-            job = c.post("/jobs", json=TINY_JOB).raise_for_status().json()
-            if svc.wait_state(job["id"])["state"] != JobState.SUCCEEDED:
-                raise RuntimeError(f"the tiny job failed:\n{svc.output()}")
-            for _ in range(preload):
-                c.post("/jobs", json=POST_BODY).raise_for_status()
-            assert len(c.get("/jobs", params={"limit": 50}).json()["data"]) == min(50, preload + 1)
-            bare_url = f"http://127.0.0.1:{bare_port}"
-            svc.wait_until(lambda: _up(f"{bare_url}/bare"), 30, "the bare app")
-            endpoints = [  # name, server, method, url, expected status, body
-                ("bare FastAPI GET /bare (ceiling)", "bare", "GET", f"{bare_url}/bare", 200, None),
-                ("bare FastAPI GET /bare-sync", "bare", "GET", f"{bare_url}/bare-sync", 200, None),
-                (f"GET /jobs/{job['id']}", "server", "GET", f"{svc.url}/jobs/{job['id']}", 200, None),
-                ("GET /jobs?limit=50", "server", "GET", f"{svc.url}/jobs?limit=50", 200, None),
-                ("GET /devices", "server", "GET", f"{svc.url}/devices", 200, None),
-                ("POST /jobs", "server", "POST", f"{svc.url}/jobs", 201, POST_BODY),
-            ]
-            pids = {"bare": bare.pid, "server": svc.server.pid, "worker": svc.workers[0].pid}
-            results = asyncio.run(measure(endpoints, pids, seconds))
+        results = []
+        for i, backend in enumerate(backends):
+            results += run_backend(backend, args, seconds, preload, f"http://127.0.0.1:{bare_port}", bare.pid,
+                                   measure_bare=i == 0)
     finally:
         bare.terminate()
         bare.wait(timeout=10)
@@ -198,17 +215,17 @@ def main() -> None:
         cpu, n = r["cpu"], len(r["lat"]) + r["errors"].total()
         errors = ", ".join(f"{k} x{v}" for k, v in r["errors"].most_common()) or "0"
         busy = " / ".join(f"{100 * cpu[k] / cpu['wall']:.0f}" for k in ("server", "loadgen", "worker"))
-        rows.append([r["name"], offered, r["rate"], p50, p99, errors, ratio, f"{1000 * cpu['server'] / n:.2f}",
-                     busy, target])
+        rows.append([r["backend"], r["name"], offered, r["rate"], p50, p99, errors, ratio,
+                     f"{1000 * cpu['server'] / n:.2f}", busy, target])
     print(env)
     print(f"{preload} preloaded jobs; {seconds:g} s per mode; {args.processes} server process(es); server and load "
-          "generator are separate processes\n")
-    print(table(["endpoint", "load", "req/s", "p50 ms", "p99 ms", "errors", "vs bare max", "server CPU ms/req",
-                 "CPU % server / loadgen / worker", "target"], rows))
+          "generator are separate processes; the bare app (one process) is measured once\n")
+    print(table(["backend", "endpoint", "load", "req/s", "p50 ms", "p99 ms", "errors", "vs bare max",
+                 "server CPU ms/req", "CPU % server / loadgen / worker", "target"], rows))
     print("\nThe load generator (this process), the server under test and the idle worker share the machine's "
           f"{os.cpu_count()} cores, so max-throughput figures are a lower bound for each server: 'CPU %' (100 = one core busy) "
           f"shows who was busy. The server runs {args.processes} process(es), each at most about one core's worth "
-          "of Python. 'server CPU ms/req' (the server process's CPU time over requests served) is the figure least "
+          "of Python. 'server CPU ms/req' (the server processes' CPU time over requests served) is the figure least "
           "disturbed by other load on the machine. Fixed-rate latency counts from the scheduled send time. "
           f"At the end: {load_note()}.")
 

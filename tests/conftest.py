@@ -1,4 +1,6 @@
 """Shared fixtures: a fresh data dir per test, the live service, tiny job presets."""
+from contextlib import nullcontext
+
 import pytest
 
 from bench.common import postgres_schema
@@ -22,14 +24,36 @@ def slow_job(epochs: int = 40, **train) -> dict:
             "train": {"epochs": epochs, "batch_size": 16, "lr": 0.001, **train}, "device": "cpu"}
 
 
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
 @pytest.fixture
-def service(tmp_path):
-    svc = Service(tmp_path / "data").start_server()
-    yield svc
-    svc.stop()
+def service_backend():
+    """The database of the `service` fixture. A module that runs its tests on both backends says
+    `service_backend = on_both_backends()`."""
+    return "sqlite"
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def on_both_backends():
+    @pytest.fixture(params=BACKENDS, name="service_backend")
+    def service_backend(request):
+        return request.param
+    return service_backend
+
+
+@pytest.fixture
+def service(tmp_path, service_backend):
+    """The real server on a fresh data dir and a fresh database: a SQLite file, or a PostgreSQL schema of
+    the test's own (dropped afterwards)."""
+    with (postgres_schema("svc") if service_backend == "postgres" else nullcontext("")) as url:
+        svc = Service(tmp_path / "data", url).start_server()
+        try:
+            yield svc
+        finally:
+            svc.stop()
+
+
+@pytest.fixture(params=BACKENDS)
 def backend_url(request, tmp_path):
     """A database URL of each backend: a SQLite file, or a PostgreSQL schema of the test's own (so that
     tests never see each other's rows), dropped afterwards."""

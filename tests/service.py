@@ -15,3 +15,4 @@ class Service(launcher.Service):
     def __init__(self, data_dir: Path, database_url: str = "", env: dict | None = None):
         base = launcher.Service.isolated(data_dir, database_url, {**FAST_ENV, **(env or {})})
         super().__init__(base.env, base.port, log_dir=data_dir)
+        self.backend = "postgres" if database_url.startswith("postgresql") else "sqlite"

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from tests.conftest import slow_job, tiny_job
+from tests.conftest import on_both_backends, slow_job, tiny_job
 
 pytestmark = pytest.mark.slow
+service_backend = on_both_backends()
 
 
 def test_drain_lets_the_running_job_finish_then_claims_nothing_until_undrain(service):

@@ -9,10 +9,11 @@ import time
 
 import pytest
 
-from tests.conftest import slow_job, tiny_job
+from tests.conftest import on_both_backends, slow_job, tiny_job
 from tests.test_reliability import alive, job_pids, metrics, wait_checkpoint
 
 pytestmark = pytest.mark.slow  # starts the real server and workers
+service_backend = on_both_backends()
 
 
 def rank_pids(service, job_id) -> list[int]:

@@ -9,12 +9,13 @@ import pytest
 import safetensors.torch
 import torch
 
-from tests.conftest import IRIS_JOB, tiny_job
+from tests.conftest import IRIS_JOB, on_both_backends, tiny_job
 from tests.service import ROOT, Service
 from trainyard.app.spec import parse_spec
 from trainyard.worker import nets
 
 pytestmark = pytest.mark.slow  # starts the real server and workers
+service_backend = on_both_backends()
 
 
 def test_iris_train_predict_and_artifact(service, tmp_path):
@@ -79,7 +80,7 @@ def test_cnn_on_digits_reaches_90_percent(service):
     assert job["result"]["input_shape"] == [1, 8, 8]
 
 
-def test_two_workers_share_one_sqlite_file_and_run_each_job_once(service):
+def test_two_workers_share_one_database_and_run_each_job_once(service):
     service.start_worker("cpu")
     service.start_worker("cpu")
     ids = [service.submit(tiny_job(epochs=1))["id"] for _ in range(20)]

@@ -12,6 +12,7 @@ from trainyard.app import __version__, metrics, queue, schema
 from trainyard.app.api import errors
 from trainyard.app.api.deps import require_token
 from trainyard.app.api.guard import RequestGuard
+from trainyard.app.api.reads import LoopReader
 from trainyard.app.api.routes import dashboard, datasets, jobs, system
 from trainyard.app.api.schemas import UNAUTHORIZED
 from trainyard.app.db import make_engine
@@ -29,6 +30,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine = make_engine(settings.db_url)
         schema.prepare(engine)
         app.state.engine = engine
+        app.state.reader = LoopReader(engine)
         app.state.metrics_registry = metrics.registry(engine, settings.lease_s, settings.node)
         stop = threading.Event()
         reaper = threading.Thread(target=_reap, args=(engine, settings.lease_s / 3, stop,
@@ -37,6 +39,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         stop.set()
         reaper.join(timeout=5)
+        app.state.reader.dispose()
         engine.dispose()
 
     # max_body_size: bodies over the limit get 413, with or without a Content-Length.

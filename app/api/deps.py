@@ -1,4 +1,4 @@
-"""Dependencies shared by the routes: settings, the engine, and the bearer-token check."""
+"""Dependencies shared by the routes: settings, the engine (and its loop reader), and the bearer-token check."""
 import secrets
 from typing import Annotated
 
@@ -6,6 +6,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.engine import Engine
 
+from trainyard.app.api.reads import LoopReader
 from trainyard.app.settings import Settings
 
 
@@ -17,6 +18,10 @@ async def app_settings(request: Request) -> Settings:
 
 async def get_engine(request: Request) -> Engine:
     return request.app.state.engine
+
+
+async def get_reader(request: Request) -> LoopReader:
+    return request.app.state.reader
 
 
 # Declared as an OpenAPI security scheme: /docs gets an Authorize button, generated clients a token.
@@ -36,3 +41,4 @@ async def require_token(request: Request,
 
 SettingsDep = Annotated[Settings, Depends(app_settings)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
+ReaderDep = Annotated[LoopReader, Depends(get_reader)]

@@ -12,7 +12,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel
 
 from trainyard.app import admission, queue, storage
-from trainyard.app.api.deps import EngineDep, SettingsDep
+from trainyard.app.api.deps import EngineDep, ReaderDep, SettingsDep
 from trainyard.app.api.schemas import HEAVY, NOT_FOUND, JobListItem, JobPublic, JobsPublic, MetricPublic, responses
 from trainyard.app.errors import Conflict, Gone, NotFound
 from trainyard.app.layout import ARTIFACT_FILES, RESULT_FILE
@@ -73,11 +73,11 @@ async def list_jobs(engine: EngineDep, settings: SettingsDep,
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
-async def get_job(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> Response:
-    def read():
-        job = queue.get_job(engine, job_id)
-        return job, admission.why_waiting(engine, settings, [job]).get(job.id)
-    job, waiting = await run_in_threadpool(read)
+async def get_job(job_id: JobId, engine: EngineDep, settings: SettingsDep, reader: ReaderDep) -> Response:
+    job = queue.found_job(await reader.first(queue.job_query(job_id)), job_id)
+    waiting = None
+    if job.state == JobState.QUEUED:  # why it waits reads the workers: that read takes the usual path
+        waiting = (await run_in_threadpool(admission.why_waiting, engine, settings, [job])).get(job.id)
     return as_json(JobPublic.from_job(job, waiting))
 
 
