@@ -50,4 +50,4 @@ class StorageFull(TrainyardError, status=507):
 
 
 class Unavailable(TrainyardError, status=503):
-    """The database is unavailable; retry shortly."""
+    """The database or the object store is unavailable; retry shortly."""

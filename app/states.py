@@ -19,7 +19,7 @@ TERMINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 class Failure(str, Enum):
     """Why a run failed; the class decides whether the job is tried again."""
     JOB = "job"                        # the job's own error (a spec that does not fit the data, a NaN loss)
-    INFRASTRUCTURE = "infrastructure"  # its worker was lost (lease expired): tried again
+    INFRASTRUCTURE = "infrastructure"  # its worker was lost (lease expired), or its object store failed: tried again
     OOM = "oom"                        # out of memory (CUDA, or the job's host-memory budget)
     CRASHED = "crashed"                # the job process died by a signal or exited without a word
     TIMEOUT = "timeout"                # past the job's timeout_s

@@ -20,10 +20,12 @@ import os
 import shutil
 import tempfile
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlsplit
 
+from trainyard.app.errors import Unavailable
 from trainyard.app.layout import Layout
 
 CHUNK = 1 << 20
@@ -103,9 +105,23 @@ class S3Store(Store):
                 import boto3
                 from botocore.config import Config
                 self._client = boto3.session.Session().client(
-                    "s3", config=Config(retries={"max_attempts": 5, "mode": "standard"}))
+                    "s3", config=Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=10))
                 self._pid = os.getpid()
             return self._client
+
+    @contextmanager
+    def _calling(self, key: str) -> Iterator[None]:
+        """A missing key as FileNotFoundError; the store unreachable or refusing as Unavailable (503 at the
+        API; an `infrastructure` failure, retried, in a job)."""
+        from boto3.exceptions import Boto3Error  # S3Transfer's (a failed upload_file)
+        from botocore.exceptions import BotoCoreError, ClientError
+        try:
+            yield
+        except (BotoCoreError, ClientError, Boto3Error) as exc:
+            if _missing(exc):
+                raise FileNotFoundError(key) from None
+            raise Unavailable(f"object storage {self.describe()} failed on {key}: {type(exc).__name__}: "
+                              f"{str(exc)[:300]}") from exc
 
     def _key(self, key: str) -> str:
         self.layout.resolve(key)  # refuses keys that would leave the data directory (and so the prefix)
@@ -113,7 +129,9 @@ class S3Store(Store):
 
     def publish(self, path: Path) -> None:
         # upload_file sends a large file in parts read from disk; the object appears only once complete.
-        self.client.upload_file(str(path), self.bucket, self._key(self.layout.rel(path)))
+        key = self.layout.rel(path)
+        with self._calling(key):
+            self.client.upload_file(str(path), self.bucket, self._key(key))
 
     def fetch(self, key: str, refresh: bool = False) -> Path:
         path = self.layout.resolve(key)
@@ -123,30 +141,21 @@ class S3Store(Store):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
         os.close(fd)
         try:
-            self.client.download_file(self.bucket, self._key(key), tmp)
+            with self._calling(key):
+                self.client.download_file(self.bucket, self._key(key), tmp)
             os.replace(tmp, path)  # whole or not at all, as the store's own copy
-        except BaseException as exc:
+        except BaseException:
             Path(tmp).unlink(missing_ok=True)
-            if _missing(exc):
-                raise FileNotFoundError(key) from None
             raise
         return path
 
     def size(self, key: str) -> int:
-        try:
+        with self._calling(key):
             return self.client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"]
-        except Exception as exc:
-            if _missing(exc):
-                raise FileNotFoundError(key) from None
-            raise
 
     def stream(self, key: str) -> Iterator[bytes]:
-        try:
+        with self._calling(key):
             body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
-        except Exception as exc:
-            if _missing(exc):
-                raise FileNotFoundError(key) from None
-            raise
 
         def chunks() -> Iterator[bytes]:
             with body:
@@ -156,19 +165,22 @@ class S3Store(Store):
     def keys(self, prefix: str) -> list[str]:
         full = self._key(prefix.rstrip("/") + "/")
         found = []
-        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
-            found += [o["Key"][len(self.prefix):] for o in page.get("Contents", ())]
+        with self._calling(prefix):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
+                found += [o["Key"][len(self.prefix):] for o in page.get("Contents", ())]
         return sorted(found)
 
     def delete(self, key: str) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        with self._calling(key):
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
         super().delete(key)  # and this host's cached copy
 
     def delete_prefix(self, prefix: str) -> None:
         keys = self.keys(prefix)
         for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
-            self.client.delete_objects(Bucket=self.bucket, Delete={
-                "Objects": [{"Key": self.prefix + k} for k in keys[i:i + 1000]], "Quiet": True})
+            with self._calling(prefix):
+                self.client.delete_objects(Bucket=self.bucket, Delete={
+                    "Objects": [{"Key": self.prefix + k} for k in keys[i:i + 1000]], "Quiet": True})
         super().delete_prefix(prefix)
 
 

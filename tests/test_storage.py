@@ -5,8 +5,11 @@ import os
 
 import pytest
 
+from tests.conftest import tiny_job
+from tests.service import free_port
+from tests.test_runner import run_job
 from trainyard.app import storage, uploads
-from trainyard.app.errors import Invalid, NotFound
+from trainyard.app.errors import Invalid, NotFound, Unavailable
 from trainyard.app.layout import Layout
 from trainyard.app.settings import Settings
 
@@ -96,3 +99,29 @@ def test_storage_url_is_checked_at_startup(monkeypatch):
     assert storage.parse_url("s3://b/some/prefix/") == ("b", "some/prefix")
     with pytest.raises(ValueError, match="names no bucket"):
         storage.parse_url("s3:///prefix")
+
+
+def test_a_job_process_publishes_its_checkpoints_and_model_to_the_bucket(bucket, tmp_path):
+    final, events = run_job(tmp_path, tiny_job(epochs=2), storage_url=bucket.url)
+    assert final["type"] == "done"
+    checkpoints = [e["path"] for e in events if e["type"] == "checkpoint"]
+    keys = bucket.keys()
+    # Each checkpoint is in the bucket before the supervisor hears of it (it records only those).
+    assert checkpoints and all(f"trainyard/{Layout(tmp_path).rel(p)}" in keys for p in checkpoints)
+    assert {"trainyard/art/model.safetensors", "trainyard/art/model.pt", "trainyard/art/meta.json"} <= set(keys)
+
+
+@pytest.mark.slow  # the client's retries back off for about ten seconds before it gives up
+def test_an_unreachable_store_fails_the_run_as_infrastructure(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{free_port()}")  # nothing listens
+    for k, v in {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    store = storage.S3Store(Layout(tmp_path / "a"), "nowhere")
+    with pytest.raises(Unavailable):
+        store.publish(write(store, "logs/1.log", b"x"))
+    with pytest.raises(Unavailable):
+        store.fetch("logs/2.log")
+    (tmp_path / "job").mkdir()
+    final, _ = run_job(tmp_path / "job", tiny_job(epochs=1), storage_url="s3://nowhere/p")
+    assert final["type"] == "error" and final["error"]["class"] == "infrastructure", final
+    assert "object storage s3://nowhere/p/" in final["error"]["message"]

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from trainyard.app import storage
+from trainyard.app.errors import Unavailable
 from trainyard.app.layout import Layout
 from trainyard.app.spec import parse_spec
 from trainyard.app.states import Failure, error_record
@@ -90,6 +91,8 @@ def execute(plan: JobPlan, emit: Callable[[dict], None], own_process: bool = Fal
         emit({"type": "preempted"})
     except torch.OutOfMemoryError as exc:
         emit({"type": "error", "error": _error(Failure.OOM, exc, torch_devices.oom_message(device, batch_size))})
+    except Unavailable as exc:  # the object store could not be reached: the host's trouble, retried
+        emit({"type": "error", "error": _error(Failure.INFRASTRUCTURE, exc)})
     except Exception as exc:  # JobError, or an exception in training: the job's own error, not retried
         if memory.is_allocation_failure(exc):
             asked = f" ({str(exc).splitlines()[0][:200]})" if str(exc) else ""

@@ -26,7 +26,8 @@ class LoopReader:
         self.fallback = fallback
         self.sqlite = fallback.dialect.name == "sqlite"
         if self.sqlite:
-            self.engine = create_engine(fallback.url, poolclass=StaticPool, connect_args={"check_same_thread": False})
+            self.engine = create_engine(fallback.url, poolclass=StaticPool, connect_args={
+                "check_same_thread": False, "timeout": INLINE_BUSY_MS / 1000})
             configure_sqlite(self.engine, busy_ms=INLINE_BUSY_MS, transactions=False)
 
     async def first(self, stmt: Select) -> Row | None:

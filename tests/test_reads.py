@@ -1,0 +1,51 @@
+"""The event-loop reader of GET /jobs/{id} (app/api/reads.py): inline on SQLite, and off the loop
+whenever the read would wait for a lock."""
+import asyncio
+import sqlite3
+import threading
+import time
+
+from tests.conftest import tiny_job
+from trainyard.app import queue, schema
+from trainyard.app.api.reads import INLINE_BUSY_MS, LoopReader
+from trainyard.app.db import make_engine
+from trainyard.app.spec import parse_spec
+
+
+def test_inline_read_and_a_locked_database_that_does_not_stall_the_loop(tmp_path):
+    db = tmp_path / "q.db"
+    engine = make_engine(f"sqlite:///{db}")
+    schema.upgrade(engine)
+    job, _ = queue.enqueue(engine, parse_spec(tiny_job()))
+    engine.dispose()
+
+    # Another process holds an exclusive lock (which readers must wait for) for 0.5 s: the read gives
+    # up inline after INLINE_BUSY_MS and waits in a thread, while the loop goes on serving.
+    locker = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    locker.execute("PRAGMA locking_mode=EXCLUSIVE")
+    locker.execute("BEGIN EXCLUSIVE")
+    locker.execute("UPDATE jobs SET priority = 7")
+    threading.Timer(0.5, lambda: (locker.execute("COMMIT"), locker.close())).start()
+    reader = LoopReader(engine)
+
+    async def read():
+        return queue.found_job(await reader.first(queue.job_query(job.id)), job.id)
+
+    async def both():
+        ticks, started = 0, time.monotonic()
+
+        async def tick():
+            nonlocal ticks
+            while time.monotonic() - started < 0.4:
+                await asyncio.sleep(0.01)
+                ticks += 1
+        found, _ = await asyncio.gather(read(), tick())
+        return found, ticks, time.monotonic() - started
+
+    found, ticks, took = asyncio.run(both())
+    assert found.priority == 7 and took >= 0.45  # it waited for the lock and read the committed row
+    assert ticks >= 0.4 / 0.01 / 2  # the loop was stalled at most INLINE_BUSY_MS, not 0.5 s
+    assert INLINE_BUSY_MS <= 100
+    # Unlocked, it reads inline what the thread-pool read reads.
+    assert asyncio.run(read()) == queue.get_job(engine, job.id)
+    reader.dispose()
