@@ -169,20 +169,24 @@ def _startable(conn, device, plugins, worker_id, slot, lease_s, lock: bool) -> t
     return None if others is None else (head.id, others)
 
 
+# The PostgreSQL advisory lock claims take turns on (any constant; this one spells "tyclaim" in ASCII).
+CLAIM_LOCK = 0x7479636C61696D
+
+
 def claim(engine: Engine, worker_id: str, device: str, lease_s: float,
           plugins: dict[str, list[str]] | None = None, slot: placement.Slot | None = None) -> Job | None:
     """Atomically take the next queued job this worker can run: highest priority first, then oldest.
 
-    Under BEGIN IMMEDIATE on SQLite, and with FOR UPDATE SKIP LOCKED on PostgreSQL, so no two workers
-    get one job. Workers sharing a device also take a lock on its key first (PostgreSQL), so two of
-    them cannot both count the same free memory; each takes its own worker row too, so that a worker
-    lending its device to another's multi-device job and claiming a job of its own cannot both happen.
+    Claims take turns: BEGIN IMMEDIATE on SQLite, a transaction-scoped advisory lock on PostgreSQL.
+    So no two workers get one job, two workers sharing a device cannot both count the same free
+    memory, a worker cannot lend its device to another's multi-device job while claiming a job of its
+    own, and no worker looks past a head of the line that another is looking at (row locks with SKIP
+    LOCKED alone let a worker skip a multi-device head that another worker was finding it could not
+    start yet, and overtake it). A claim takes a few milliseconds.
     """
     with write(engine) as conn:
         if conn.dialect.name == "postgresql":
-            if slot is not None:
-                conn.execute(select(func.pg_advisory_xact_lock(func.hashtext(slot.key))))
-            conn.execute(select(workers.c.id).where(workers.c.id == worker_id).with_for_update())
+            conn.execute(select(func.pg_advisory_xact_lock(CLAIM_LOCK)))
         found = _startable(conn, device, plugins, worker_id, slot, lease_s, lock=True)
         if found is None:
             return None

@@ -3,6 +3,7 @@ import threading
 import time
 
 import pytest
+from sqlalchemy import func, select
 
 from tests.conftest import IRIS_JOB, tiny_job
 from trainyard.app import errors, queue, schema
@@ -21,6 +22,33 @@ def engine(backend_url):
 def submit(engine, body=None, key=None, **over):
     job, _ = queue.enqueue(engine, parse_spec({**(body or tiny_job()), **over}), key)
     return job
+
+
+def test_a_claim_in_progress_is_waited_for_not_skipped_past(engine):
+    """While one worker's claim looks at a multi-device head it cannot start yet, another worker's claim
+    waits for it and then sees that same head: it never skips the head (as row locks with SKIP LOCKED
+    would let it) and overtakes it with a job submitted later."""
+    from trainyard.app import workers
+    from trainyard.app.db import jobs, write
+    from trainyard.app.placement import Slot
+    for w in ("a", "b"):
+        workers.register_worker(engine, w, "h", 1, "cpu", {})
+    wide = submit(engine, devices=2)
+    after = submit(engine)
+    took = {}
+    with write(engine) as conn:  # worker a's claim, caught in the middle: it holds what a claim holds
+        if conn.dialect.name == "postgresql":
+            conn.execute(select(func.pg_advisory_xact_lock(queue.CLAIM_LOCK)))
+        conn.execute(select(jobs.c.id).where(jobs.c.id == wide.id).with_for_update())
+        b = threading.Thread(target=lambda: took.setdefault("b", queue.claim(engine, "b", "cpu", 10, None,
+                                                                             Slot("b", None, gang=2))))
+        b.start()
+        b.join(0.5)
+        assert b.is_alive()  # b waits for a's claim to end
+    b.join(10)
+    assert took["b"].id == wide.id and [r["worker"] for r in took["b"].ranks] == ["b", "a"]
+    assert queue.claim(engine, "a", "cpu", 10, None, Slot("a", None, gang=2)) is None  # lent to the wide job
+    assert queue.get_job(engine, after.id).state == "queued"
 
 
 def test_claim_order_priority_then_oldest(engine):
