@@ -189,6 +189,11 @@ def write(engine: Engine) -> Iterator[Connection]:
 
 @contextmanager
 def read(engine: Engine) -> Iterator[Connection]:
+    """Statements that only read. On PostgreSQL each is its own transaction (autocommit): no BEGIN and
+    COMMIT round trips to the server; the reads that need one snapshot are single statements."""
     with engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
+            return
         with conn.begin():
             yield conn

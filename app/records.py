@@ -49,11 +49,14 @@ class Job:
 
     @classmethod
     def from_row(cls, row) -> "Job":
-        m = row._mapping
-        values = {f.name: m.get(f.name) for f in fields(cls)}  # a column left unread is None
+        m = row._asdict()  # a plain dict: list pages build fifty records per request
+        values = {name: m.get(name) for name in _FIELD_NAMES}  # a column left unread is None
         values["state"] = JobState(values["state"])
         values["errors"] = values["errors"] or []
         return cls(**values)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(Job))
