@@ -56,6 +56,9 @@ HEAVY = ("spec", "errors", "result")
 
 
 def job_fields(job: Job, waiting_for: str | None, include: tuple[str, ...] = HEAVY) -> dict[str, Any]:
+    """A job as JobPublic's (or, with less included, JobListItem's) plain values, ready for
+    pydantic_core.to_json: the hot reads serialise these directly, the response models document them.
+    (model_construct per item was most of a list page's cost.)"""
     error = job.error
     if error:
         error = {k: v for k, v in error.items() if k != "traceback"}
@@ -64,7 +67,7 @@ def job_fields(job: Job, waiting_for: str | None, include: tuple[str, ...] = HEA
         created_at=ts(job.created_at), started_at=ts(job.started_at), finished_at=ts(job.finished_at),
         attempt=job.attempt, max_attempts=job.max_attempts, runs=job.claim, worker_id=job.worker_id,
         requested_device=job.device_req, device=job.device, ranks=job.ranks,
-        progress=Progress.model_construct(epoch=job.epoch, epochs=job.epochs),
+        progress={"epoch": job.epoch, "epochs": job.epochs},
         latest_metrics=job.latest_metrics, peak_memory_allocated=job.peak_memory_allocated,
         peak_memory_reserved=job.peak_memory_reserved, checkpoint_epoch=job.checkpoint_epoch,
         parameters=job.parameters, error=error, waiting_for=waiting_for)
@@ -90,19 +93,15 @@ class JobPublic(JobSummary):
 
     @classmethod
     def from_job(cls, job: Job, waiting_for: str | None = None) -> "JobPublic":
-        # Built without validation: every value comes from our own database in the types above, and
-        # validating dozens of nested dicts per page was most of a list request's cost.
-        return cls.model_construct(**job_fields(job, waiting_for))
+        # Built without validation: every value comes from our own database in the types above.
+        values = job_fields(job, waiting_for)
+        return cls.model_construct(**{**values, "progress": Progress.model_construct(**values["progress"])})
 
 
 class JobListItem(JobSummary):
     spec: dict[str, Any] | None = Field(None, description="present with include=spec")
     errors: list[dict[str, Any]] | None = Field(None, description="present with include=errors")
     result: dict[str, Any] | None = Field(None, description="present with include=result (its summary)")
-
-    @classmethod
-    def from_job(cls, job: Job, waiting_for: str | None, include: tuple[str, ...]) -> "JobListItem":
-        return cls.model_construct(**job_fields(job, waiting_for, include))  # fields not included stay unset
 
 
 class ErrorPublic(BaseModel):

@@ -4,16 +4,16 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
+import pydantic_core
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
-from pydantic import BaseModel
 
 from trainyard.app import admission, queue, storage
 from trainyard.app.api.deps import EngineDep, ReaderDep, SettingsDep
-from trainyard.app.api.schemas import HEAVY, NOT_FOUND, JobListItem, JobPublic, JobsPublic, MetricPublic, responses
+from trainyard.app.api.schemas import HEAVY, NOT_FOUND, JobPublic, JobsPublic, MetricPublic, job_fields, responses
 from trainyard.app.errors import Conflict, Gone, NotFound
 from trainyard.app.layout import ARTIFACT_FILES, RESULT_FILE
 from trainyard.app.records import Job
@@ -40,7 +40,7 @@ async def submit_job(spec: Annotated[JobSpec, Body(openapi_examples=EXAMPLES)], 
                      settings: SettingsDep,
                      idempotency_key: Annotated[str | None, Header(max_length=200)] = None) -> Response:
     job, created = await run_in_threadpool(_submit, engine, settings, spec, idempotency_key)
-    return as_json(JobPublic.from_job(job), 201 if created else 200)
+    return as_json(job_fields(job, None), 201 if created else 200)
 
 
 def _submit(engine, settings, spec, idempotency_key):
@@ -67,9 +67,8 @@ async def list_jobs(engine: EngineDep, settings: SettingsDep,
                                       leave_out=tuple(h for h in HEAVY if h not in wanted))
         return rows, count, admission.why_waiting(engine, settings, rows)
     rows, count, waiting = await run_in_threadpool(read)
-    page = JobsPublic.model_construct(data=[JobListItem.from_job(r, waiting.get(r.id), wanted) for r in rows],
-                                      count=count, limit=limit, offset=offset)
-    return Response(page.model_dump_json(exclude_unset=True), media_type="application/json")
+    return as_json({"data": [job_fields(r, waiting.get(r.id), wanted) for r in rows], "count": count,
+                    "limit": limit, "offset": offset})
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
@@ -78,13 +77,13 @@ async def get_job(job_id: JobId, engine: EngineDep, settings: SettingsDep, reade
     waiting = None
     if job.state == JobState.QUEUED:  # why it waits reads the workers: that read takes the usual path
         waiting = (await run_in_threadpool(admission.why_waiting, engine, settings, [job])).get(job.id)
-    return as_json(JobPublic.from_job(job, waiting))
+    return as_json(job_fields(job, waiting))
 
 
-def as_json(model: BaseModel, status_code: int = 200) -> Response:
-    """The hot read paths: one async route, one thread-pool call for the database, and the model
-    serialised once by pydantic (a returned Response is not validated a second time)."""
-    return Response(model.model_dump_json(), status_code=status_code, media_type="application/json")
+def as_json(values: dict, status_code: int = 200) -> Response:
+    """The hot paths: async routes that serialise plain values once, with pydantic's own JSON encoder
+    (the same output as their response models; a returned Response is not validated again)."""
+    return Response(pydantic_core.to_json(values), status_code=status_code, media_type="application/json")
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic,
