@@ -7,7 +7,7 @@ clock (db.db_now) so that hosts with skewed clocks agree on leases.
 """
 from typing import Any
 
-from sqlalchemy import Select, and_, case, delete, func, insert, select, update
+from sqlalchemy import and_, case, delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -67,15 +67,7 @@ def ping(engine: Engine) -> None:
 
 def get_job(engine: Engine, job_id: int) -> Job:
     with read(engine) as conn:
-        return found_job(conn.execute(job_query(job_id)).first(), job_id)
-
-
-def job_query(job_id: int) -> Select:
-    return select(jobs).where(jobs.c.id == job_id)
-
-
-def found_job(row, job_id: int) -> Job:
-    """The job of a job_query row; NotFound if there was none."""
+        row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
     if row is None:
         raise NotFound(f"job {job_id} not found")
     return Job.from_row(row)

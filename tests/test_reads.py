@@ -1,4 +1,4 @@
-"""The event-loop reader of GET /jobs/{id} (app/api/reads.py): inline on SQLite, and off the loop
+"""The event-loop reader of GET /jobs/{id} and GET /jobs (app/api/reads.py): inline on SQLite, and off the loop
 whenever the read would wait for a lock."""
 import asyncio
 import sqlite3
@@ -29,7 +29,7 @@ def test_inline_read_and_a_locked_database_that_does_not_stall_the_loop(tmp_path
     reader = LoopReader(engine)
 
     async def read():
-        return queue.found_job(await reader.first(queue.job_query(job.id)), job.id)
+        return await reader.run(lambda engine: queue.get_job(engine, job.id))
 
     async def both():
         ticks, started = 0, time.monotonic()

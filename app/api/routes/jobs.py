@@ -49,7 +49,7 @@ def _submit(engine, settings, spec, idempotency_key):
 
 
 @router.get("", response_model=JobsPublic)
-async def list_jobs(engine: EngineDep, settings: SettingsDep,
+async def list_jobs(settings: SettingsDep, reader: ReaderDep,
                     state: Annotated[JobState | None, Query()] = None,
                     kind: Annotated[Literal[JOB_KINDS] | None, Query()] = None,  # type: ignore[valid-type]
                     limit: Annotated[int, Query(ge=1, le=500)] = 50,
@@ -62,21 +62,21 @@ async def list_jobs(engine: EngineDep, settings: SettingsDep,
     unless `include` names them (GET /jobs/{id} has all of it)."""
     wanted = tuple(sorted(set(include.split(",")))) if include else ()
 
-    def read():
+    def read(engine):
         rows, count = queue.list_jobs(engine, state, kind, limit, offset,
                                       leave_out=tuple(h for h in HEAVY if h not in wanted))
         return rows, count, admission.why_waiting(engine, settings, rows)
-    rows, count, waiting = await run_in_threadpool(read)
+    rows, count, waiting = await reader.run(read)
     return as_json({"data": [job_fields(r, waiting.get(r.id), wanted) for r in rows], "count": count,
                     "limit": limit, "offset": offset})
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
-async def get_job(job_id: JobId, engine: EngineDep, settings: SettingsDep, reader: ReaderDep) -> Response:
-    job = queue.found_job(await reader.first(queue.job_query(job_id)), job_id)
-    waiting = None
-    if job.state == JobState.QUEUED:  # why it waits reads the workers: that read takes the usual path
-        waiting = (await run_in_threadpool(admission.why_waiting, engine, settings, [job])).get(job.id)
+async def get_job(job_id: JobId, settings: SettingsDep, reader: ReaderDep) -> Response:
+    def read(engine):
+        job = queue.get_job(engine, job_id)
+        return job, admission.why_waiting(engine, settings, [job]).get(job.id)
+    job, waiting = await reader.run(read)
     return as_json(job_fields(job, waiting))
 
 
