@@ -33,7 +33,11 @@ class Layout:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
     def rel(self, path: Path) -> str:
-        return str(Path(path).relative_to(self.root))
+        path = Path(path)
+        try:
+            return str(path.relative_to(self.root))
+        except ValueError:  # one side resolved (resolve() below gives absolute paths), the other not
+            return str(path.resolve().relative_to(self.root.resolve()))
 
     def resolve(self, rel: str | Path) -> Path:
         """A path the database or a client names, under the root; anything that would leave it is refused."""

@@ -2,6 +2,7 @@
 and uploads kept in a bucket as two hosts see them."""
 import io
 import os
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,12 @@ def test_an_unreachable_store_fails_the_run_as_infrastructure(tmp_path, monkeypa
     final, _ = run_job(tmp_path / "job", tiny_job(epochs=1), storage_url="s3://nowhere/p")
     assert final["type"] == "error" and final["error"]["class"] == "infrastructure", final
     assert "object storage s3://nowhere/p/" in final["error"]["message"]
+
+
+def test_keys_of_a_relative_data_dir_from_resolved_and_plain_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the supervisor holds the resumed checkpoint's path resolved, new ones plain
+    store = storage.Store(Layout(Path("data")))
+    resolved = write(store, "checkpoints/1/run-1-e00001-s000000.pt", b"ck").resolve()
+    assert store.layout.rel(resolved) == "checkpoints/1/run-1-e00001-s000000.pt"
+    store.delete(store.layout.rel(resolved))
+    assert not resolved.exists()
