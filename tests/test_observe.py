@@ -6,11 +6,12 @@ import sys
 
 import pytest
 
-from tests.conftest import tiny_job
+from tests.conftest import on_both_backends, tiny_job
 from tests.service import ROOT
 from trainyard import Client
 
 pytestmark = pytest.mark.slow  # starts the real server and workers
+service_backend = on_both_backends()
 
 FAILING = {**tiny_job(), "model": {"arch": "cifar_net"}}  # iris rows are not 3x32x32 images
 
