@@ -134,7 +134,9 @@ def _pg_now(element, compiler, **kw):
 IDLE_IN_TRANSACTION_MS = 10_000
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, pre_ping: bool = True) -> Engine:
+    """pre_ping: test each pooled PostgreSQL connection before use (a round trip), so that one the
+    server dropped (a restart, a failover) is replaced rather than failing the next statement."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False},
                                pool_size=8, max_overflow=16)
@@ -146,7 +148,7 @@ def make_engine(url: str) -> Engine:
         options = " ".join(filter(None, (parsed.query.get("options"),
                                          f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}")))
         engine = create_engine(parsed.difference_update_query(["options"]), pool_size=8, max_overflow=16,
-                               pool_pre_ping=True, connect_args={"options": options})
+                               pool_pre_ping=pre_ping, connect_args={"options": options})
     return engine
 
 

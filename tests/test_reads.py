@@ -5,6 +5,10 @@ import sqlite3
 import threading
 import time
 
+import pytest
+from sqlalchemy import text
+
+from bench.common import PG_ADMIN, postgres_schema
 from tests.conftest import tiny_job
 from trainyard.app import queue, schema
 from trainyard.app.api.reads import INLINE_BUSY_MS, LoopReader
@@ -26,7 +30,7 @@ def test_inline_read_and_a_locked_database_that_does_not_stall_the_loop(tmp_path
     locker.execute("BEGIN EXCLUSIVE")
     locker.execute("UPDATE jobs SET priority = 7")
     threading.Timer(0.5, lambda: (locker.execute("COMMIT"), locker.close())).start()
-    reader = LoopReader(engine)
+    reader = LoopReader(engine, f"sqlite:///{db}")
 
     async def read():
         return await reader.run(lambda engine: queue.get_job(engine, job.id))
@@ -49,3 +53,28 @@ def test_inline_read_and_a_locked_database_that_does_not_stall_the_loop(tmp_path
     # Unlocked, it reads inline what the thread-pool read reads.
     assert asyncio.run(read()) == queue.get_job(engine, job.id)
     reader.dispose()
+
+
+@pytest.mark.postgres
+def test_a_postgres_read_is_retried_once_when_the_server_dropped_its_connection():
+    """The reader's pool does not ping connections before use (a round trip per read): a read on one
+    the server has dropped (a restart, a failover) is retried on a fresh one instead of failing."""
+    import psycopg
+    with postgres_schema("reads") as url:
+        engine = make_engine(url)
+        schema.upgrade(engine)
+        job, _ = queue.enqueue(engine, parse_spec(tiny_job()))
+        reader = LoopReader(engine, url)
+
+        def read(e):
+            return queue.get_job(e, job.id)
+        assert asyncio.run(reader.run(read)) == queue.get_job(engine, job.id)
+        with reader.engine.connect() as c:  # the pool's one connection, which the next read takes
+            pid = c.execute(text("SELECT pg_backend_pid()")).scalar()
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+        assert asyncio.run(reader.run(read)).id == job.id
+        with reader.engine.connect() as c:
+            assert c.execute(text("SELECT pg_backend_pid()")).scalar() != pid
+        reader.dispose()
+        engine.dispose()

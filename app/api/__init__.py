@@ -30,7 +30,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine = make_engine(settings.db_url)
         schema.prepare(engine)
         app.state.engine = engine
-        app.state.reader = LoopReader(engine)
+        app.state.reader = LoopReader(engine, settings.db_url)
         app.state.metrics_registry = metrics.registry(engine, settings.lease_s, settings.node)
         stop = threading.Event()
         reaper = threading.Thread(target=_reap, args=(engine, settings.lease_s / 3, stop,
