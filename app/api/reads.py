@@ -1,6 +1,6 @@
-"""Reads on the event loop: the endpoints clients poll (GET /jobs/{id}, GET /jobs) read the database
-without a trip through the thread pool, which cost more CPU than a read of one job, and whose threads
-contend with the loop for the GIL while a page of jobs is built.
+"""The reads of the endpoints clients poll (GET /jobs/{id}, GET /jobs). On SQLite they run on the event
+loop itself, without a trip through the thread pool, which cost more CPU than a read of one job, and
+whose threads contended with the loop for the GIL while a page of jobs was built.
 
 SQLite: the read runs inline, on a connection of its own that only the event loop uses, each statement
 its own transaction. In WAL mode a reader never waits for a writer, so a read takes what its Python
