@@ -2,14 +2,15 @@
 
 The spec (app/spec.py) checks a job on its own. Here it is checked against what exists: the
 dataset it names, the plugins it needs (installed here or on a live worker), the model job a
-prediction uses, and the limits that keep one small request from costing the service gigabytes
-(parameters of the model, values a prediction returns). The answer says what the job needs of
-the worker that will claim it.
+prediction uses or a training starts from (init_from), and the limits that keep one small request
+from costing the service gigabytes (parameters of the model, values a prediction returns). The
+answer says what the job needs of the worker that will claim it.
 """
 import json
 import math
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 
 from trainyard.app import model_size, placement, plugins, queue, uploads
@@ -24,6 +25,7 @@ from trainyard.app.spec import (
     DATASETS,
     UPLOAD_PREFIX,
     DataSpec,
+    ModelSpec,
     PredictJob,
     RunJob,
     TrainJob,
@@ -115,7 +117,28 @@ class Check:
             if n > self.settings.max_parameters:
                 raise Invalid(f"{spec.model.arch} on {spec.data.dataset} has {n:,} parameters; the limit is "
                               f"{self.settings.max_parameters:,} (TRAINYARD_MAX_PARAMETERS)", loc=("model",))
+        if spec.init_from is not None:
+            self.starting_point(spec, shape[0] if shape else None)
         return admitted
+
+    def starting_point(self, spec: TrainJob, input_shape: tuple[int, ...] | None) -> None:
+        """init_from names a model of the same architecture, weight-shaping fields and input shape: only the
+        classifier head may differ (its number of classes), and the worker re-makes it."""
+        at, source = ("init_from",), self.model_of(spec.init_from, "init_from")
+        if source["arch"] != spec.model.arch:
+            raise Invalid(f"init_from job {spec.init_from} is a {source['arch']} model; this job's model is a "
+                          f"{spec.model.arch} (fine-tuning keeps the architecture)", loc=at)
+        try:
+            theirs = _shaping(ModelSpec.model_validate(source.get("model") or {}))
+        except ValidationError:  # a run job's own meta: the worker compares the weights themselves
+            theirs = _shaping(spec.model)
+        for name, value in _shaping(spec.model).items():
+            if theirs.get(name) != value:
+                raise Invalid(f"init_from job {spec.init_from}'s model has {name} {theirs.get(name)}; this job's has "
+                              f"{value} (only the classifier head may differ)", loc=at)
+        if input_shape and source.get("input_shape") and tuple(source["input_shape"]) != tuple(input_shape):
+            raise Invalid(f"init_from job {spec.init_from} was trained on inputs of shape {list(source['input_shape'])}"
+                          f"; {spec.data.dataset} has {list(input_shape)}", loc=at)
 
     def run(self, spec: RunJob) -> Admitted:
         admitted = Admitted()
@@ -144,28 +167,42 @@ class Check:
                           f"(TRAINYARD_MAX_PREDICT_VALUES); send fewer rows or set top_k", loc=("inputs",))
         return admitted
 
-    def model_of(self, job_id: int) -> dict:
-        """What a model job's artifact holds: arch, input_shape, num_classes (from the job or its meta.json)."""
-        at = ("model_job",)
+    def model_of(self, job_id: int, field: str = "model_job") -> dict:
+        """What the model job named by `field` holds: arch, model (its ModelSpec fields), input_shape,
+        num_classes (from the job or its meta.json)."""
+        at = (field,)
         try:
             job = queue.get_job(self.engine, job_id)
         except NotFound:
-            raise Invalid(f"model_job {job_id} does not exist", loc=at) from None
+            raise Invalid(f"{field} {job_id} does not exist", loc=at) from None
         if job.kind == "predict":
-            raise Invalid(f"model_job {job_id} is a predict job, not a train job (or a run job that saved a model)",
+            raise Invalid(f"{field} {job_id} is a predict job, not a train job (or a run job that saved a model)",
                           loc=at)
         if job.state != JobState.SUCCEEDED:
-            raise Invalid(f"model_job {job_id} is {job.state}; it must have succeeded", loc=at)
+            raise Invalid(f"{field} {job_id} is {job.state}; it must have succeeded", loc=at)
         if job.kind == "train":
-            return {"arch": job.spec["model"]["arch"], **(job.result or {})}
+            return {"arch": job.spec["model"]["arch"], "model": job.spec["model"], **(job.result or {})}
         try:
             saved = json.loads(self.settings.store.read_bytes(f"{job.artifact_path or '.'}/{ARTIFACT_FILES['meta']}"))
         except (OSError, ValueError):
             saved = {}
         if not (saved.get("model") or {}).get("arch") or not saved.get("input_shape"):
-            raise Invalid(f"model_job {job_id} is a run job that saved no model predict jobs can rebuild "
+            raise Invalid(f"{field} {job_id} is a run job that saved no model trainyard can rebuild "
                           "(ctx.save_model with arch, input_shape and class_names)", loc=at)
-        return {"arch": saved["model"]["arch"], "input_shape": saved["input_shape"], "num_classes": saved["num_classes"]}
+        return {"arch": saved["model"]["arch"], "model": saved["model"], "input_shape": saved["input_shape"],
+                "num_classes": saved["num_classes"]}
+
+
+# What shapes a built-in model's weights besides its head, with the defaults worker/nets.py builds
+# (activation and dropout do not); a plugin's params may shape anything.
+_SHAPING = {"mlp": {"hidden": [64]}, "cnn": {"channels": [32, 64], "kernel_size": 3, "batch_norm": True}}
+
+
+def _shaping(model: ModelSpec) -> dict:
+    if model.is_plugin:
+        return {"params": model.params or {}}
+    return {name: default if getattr(model, name) is None else getattr(model, name)
+            for name, default in _SHAPING.get(model.arch, {}).items()}
 
 
 _WHAT = {"models": "architecture", "datasets": "dataset", "entrypoints": "entrypoint"}

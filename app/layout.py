@@ -1,6 +1,7 @@
 """The data directory's layout: the one place that knows where each kind of file lives.
 
-    artifacts/<job>/run-<claim>/   model.safetensors, model.pt, meta.json (train); result.json (predict)
+    artifacts/<job>/run-<claim>/   model.safetensors, model.pt, meta.json (train); result.json (predict);
+                                   model.onnx, model.pt2, model.torchscript.pt (exports, made on first request)
     checkpoints/<job>/run-<claim>-e<epoch>-s<step>.pt
     logs/<job>.log
     datasets/uploads/<id>/         data.npz, meta.json
@@ -19,6 +20,8 @@ from typing import Iterator
 from trainyard.app.errors import Invalid, NotFound
 
 ARTIFACT_FILES = {"safetensors": "model.safetensors", "pt": "model.pt", "meta": "meta.json"}
+# The model exported with its input normalisation built in (app/exports.py, worker/export.py).
+EXPORT_FILES = {"onnx": "model.onnx", "pt2": "model.pt2", "torchscript": "model.torchscript.pt"}
 RESULT_FILE = "result.json"
 UPLOAD_DATA_FILE, UPLOAD_META_FILE = "data.npz", "meta.json"
 UPLOAD_ID = re.compile(r"[a-z0-9]{1,64}")

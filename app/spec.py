@@ -54,6 +54,8 @@ ARCH_FIELDS = {"mlp": ("hidden", "activation", "dropout"),
 UPLOAD_PREFIX = "upload:"
 ACTIVATIONS = ("relu", "gelu", "tanh", "sigmoid", "leaky_relu", "silu")
 DEVICE_PATTERN = device_names.PATTERN
+# A torchvision weights enum member: DEFAULT, IMAGENET1K_V1, IMAGENET1K_SWAG_E2E_V1... (the worker checks the arch has it).
+WEIGHTS_PATTERN = r"^[A-Z][A-Z0-9_]*$"
 _UPLOAD_ID = re.compile(r"[a-z0-9]{1,64}")
 
 JOB_KINDS = ("train", "predict", "run")
@@ -126,6 +128,9 @@ class ModelSpec(_Strict):
     kernel_size: int = Field(3, ge=1, le=11, description="cnn: kernel size")
     batch_norm: bool = Field(True, description="cnn: batch norm after each conv")
     num_classes: int | None = Field(None, ge=2, le=100_000, description="output size (default: from the dataset)")
+    weights: str | None = Field(
+        None, pattern=WEIGHTS_PATTERN, max_length=64, description="torchvision archs: published weights to start "
+        "from, DEFAULT or a name of the arch's weights enum (IMAGENET1K_V1...), read from TORCH_HOME's cache")
 
     @field_validator("arch")
     @classmethod
@@ -152,12 +157,15 @@ class ModelSpec(_Strict):
             raise ValueError("model.channels applies to arch 'cnn' only")
         if self.params is not None and not self.is_plugin:
             raise ValueError("model.params applies to model plugins; built-in architectures have fields of their own")
+        if self.weights is not None and self.arch not in TORCHVISION_ARCHS:
+            raise ValueError("model.weights applies to torchvision architectures; other models start from "
+                             "another job's weights with init_from")
         return self
 
     @model_serializer(mode="wrap")
     def _applicable(self, handler):
-        used = ("arch", "num_classes", *(("params",) if self.is_plugin else ARCH_FIELDS[self.arch]
-                                         if self.arch in ARCH_FIELDS else ()))
+        own = ("params",) if self.is_plugin else ARCH_FIELDS.get(self.arch, ("weights",))  # torchvision: weights
+        used = ("arch", "num_classes", *own)
         return {k: v for k, v in handler(self).items() if k in used}
 
 
@@ -207,6 +215,50 @@ class DataSpec(_Strict):
         return self
 
 
+VAL_METRICS = ("val_loss", "val_accuracy")
+# Whether a validation metric improves upward or downward.
+HIGHER_IS_BETTER = {"val_loss": False, "val_accuracy": True}
+
+
+class Schedule(_Strict):
+    """How the learning rate moves over the run, per optimizer step. `lr` is the peak."""
+    name: Literal["constant", "cosine", "linear", "step", "onecycle"] = Field(
+        description="constant; cosine or linear decay from lr to min_lr; step: lr x gamma every step_epochs; "
+        "onecycle: torch's OneCycleLR with max_lr = lr")
+    warmup_epochs: float = Field(0.0, ge=0.0, le=10_000, description="linear warm-up from 0 to lr over this many "
+                                 "epochs (onecycle: its rising phase, default 30% of the run)")
+    min_lr: float = Field(0.0, ge=0.0, le=10.0, description="cosine, linear: the last step's learning rate")
+    step_epochs: int = Field(30, ge=1, le=10_000, description="step: epochs between decays")
+    gamma: float = Field(0.1, gt=0.0, le=1.0, description="step: the factor of each decay")
+
+    @model_serializer(mode="wrap")
+    def _applicable(self, handler):
+        used = {"constant": (), "cosine": ("min_lr",), "linear": ("min_lr",), "step": ("step_epochs", "gamma"),
+                "onecycle": ()}[self.name]
+        return {k: v for k, v in handler(self).items() if k in ("name", "warmup_epochs", *used)}
+
+
+class EarlyStopping(_Strict):
+    metric: Literal[VAL_METRICS] = Field("val_loss", description="the validation metric watched")  # type: ignore[valid-type]
+    patience: int = Field(5, ge=1, le=10_000, description="evaluations without improvement before stopping")
+    min_delta: float = Field(0.0, ge=0.0, le=1e6, description="the smallest change that counts as improvement")
+
+
+class Augment(_Strict):
+    """Augmentation of each training batch on its device (worker/augment.py), for images (C x H x W) only.
+    Padding adds zeros of the normalised input (the dataset's mean pixel), as torchvision's
+    RandomCrop(padding) on normalised tensors does."""
+    crop_padding: int = Field(4, ge=0, le=64, description="pixels of zero padding on each side before a random "
+                              "crop back to the original size; 0: no crop")
+    horizontal_flip: bool = Field(True, description="flip each image left to right with probability 1/2")
+
+    @model_validator(mode="after")
+    def _does_something(self):
+        if self.crop_padding == 0 and not self.horizontal_flip:
+            raise ValueError("train.augment with crop_padding 0 and horizontal_flip false changes nothing; drop it")
+        return self
+
+
 class TrainParams(_Strict):
     epochs: int = Field(10, ge=1, le=10_000)
     batch_size: int = Field(64, ge=1, le=65_536)
@@ -216,16 +268,33 @@ class TrainParams(_Strict):
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
     seed: int = Field(0, ge=0, le=2**32 - 1)
     checkpoint_every: int = Field(1, ge=0, le=10_000, description="epochs between checkpoints; 0 turns them off")
+    checkpoint_every_s: float = Field(10.0, ge=0.0, le=86_400, description="and at least this many seconds since "
+                                      "the last one (0: every checkpoint_every epochs); a crash costs at most this "
+                                      "plus an epoch, a stop request none")
+    # How the model is fitted. Each default keeps a plain fixed-lr loop.
+    lr_schedule: Schedule | None = Field(None, description="learning-rate schedule (default: lr throughout)")
+    grad_clip_norm: float | None = Field(None, gt=0.0, le=1e6, description="clip the gradients' global L2 norm")
+    accumulate_steps: int = Field(1, ge=1, le=1024, description="batches whose gradients make one optimizer step "
+                                  "(effective batch = batch_size x accumulate_steps x devices)")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="of the training loss (validation loss is plain)")
+    eval_every: int = Field(1, ge=1, le=10_000, description="epochs between validations (the last epoch always)")
+    early_stopping: EarlyStopping | None = Field(None, description="stop when a validation metric stops improving")
+    keep: Literal["last", "best"] = Field("last", description="the artifact: the last epoch's weights, or the best "
+                                          "evaluated epoch's by keep_metric")
+    keep_metric: Literal[VAL_METRICS] = Field("val_loss", description="keep best: by this metric")  # type: ignore[valid-type]
     # Speed switches. Each falls back cleanly where it does not apply (the job reports what it used).
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="autocast precision; fp16 adds a grad scaler")
     tf32: bool = Field(True, description="TensorFloat-32 matmuls and convolutions on Ampere+ GPUs")
     cudnn_benchmark: bool = Field(True, description="let cuDNN pick the fastest conv algorithms")
     channels_last: bool = Field(False, description="channels_last memory format for conv nets")
     compile: bool = Field(False, description="torch.compile the model")
+    augment: Augment | None = Field(None, description="image augmentation of the training batches: random crop "
+                                    "with padding, horizontal flip (image datasets only; default: none)")
 
     @model_serializer(mode="wrap")
     def _applicable(self, handler):
-        return {k: v for k, v in handler(self).items() if k != "momentum" or self.optimizer == "sgd"}
+        return {k: v for k, v in handler(self).items() if (k != "momentum" or self.optimizer == "sgd")
+                and (k != "keep_metric" or self.keep == "best")}
 
 
 class Resources(_Strict):
@@ -280,6 +349,24 @@ class TrainJob(_MultiDevice):
     model: ModelSpec
     data: DataSpec
     train: TrainParams = TrainParams()
+    init_from: int | None = Field(
+        None, ge=1, le=MAX_ID, description="id of a succeeded train job (or run job that saved a model) to start from: "
+        "the same architecture, fields and input shape; a different num_classes re-makes the classifier head")
+
+    @model_validator(mode="after")
+    def _one_starting_point(self):
+        if self.init_from is not None and self.model.weights is not None:
+            raise ValueError("init_from and model.weights are two starting points; give one")
+        return self
+
+    @model_validator(mode="after")
+    def _augment_fits_data(self):
+        # Built-in datasets state their shape; an upload's or a plugin's is checked by the worker.
+        shape = DATASET_INFO.get(self.data.dataset, {}).get("input_shape")
+        if self.train.augment is not None and isinstance(shape, list) and len(shape) != 3:
+            raise ValueError(f"train.augment applies to image datasets; {self.data.dataset} has samples of "
+                             f"shape {shape}")
+        return self
 
 
 class PredictData(_Strict):
@@ -365,7 +452,7 @@ def catalog(plugins: list[dict] | None = None) -> dict:
     those installed on this server or on live workers (kind, name, distribution, version, where)."""
     archs = [{"name": name, "params": [*ARCH_FIELDS[name], "num_classes"], "inputs": ARCH_INPUTS[name]}
              for name in ARCHS]
-    archs += [{"name": name, "source": "torchvision.models", "params": ["num_classes"],
+    archs += [{"name": name, "source": "torchvision.models", "params": ["num_classes", "weights"],
                "inputs": "images (C, H, W); 1-channel images are expanded to 3"} for name in TORCHVISION_ARCHS]
     return {
         "architectures": archs,

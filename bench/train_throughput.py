@@ -1,9 +1,9 @@
 """Training throughput: the service against hand-written PyTorch loops, same model, data and spec.
 
-`python -m bench.train_throughput [--rounds N] [--quick] [--device cuda:0]` starts the real service
-(server + one worker on the device, the CPU by default; SQLite) and, for each case, alternates
-service jobs with the hand-written loops of bench/loops.py on the same device (each in a process
-of its own, like the service's job process), N rounds.
+`python -m bench.train_throughput [--rounds N] [--quick] [--device cuda:0] [--cases iris-mlp,...]`
+starts the real service (server + one worker on the device, the CPU by default; SQLite) and, for
+each case, alternates service jobs with the hand-written loops of bench/loops.py on the same device
+(each in a process of its own, like the service's job process), N rounds.
 
 Throughput counts training steps only, for all: samples / training seconds over every epoch but
 the first (warm-up), evaluation and checkpoints excluded. For the service it comes from the job's
@@ -60,7 +60,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="one round of short runs (a smoke test)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda:N: the worker's, and the loops'")
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     args = ap.parse_args()
+    cases = args.cases.split(",")
+    if unknown := set(cases) - set(CASES):
+        ap.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     rounds = 1 if args.quick else args.rounds
     tmp = Path(tempfile.mkdtemp(prefix="trainyard-bench-"))
     svc = Service.isolated(tmp / "data", env=PROD_ENV).start_server()
@@ -69,7 +73,7 @@ def main() -> None:
     walls: dict[str, list[float]] = {}
     try:
         for r in range(rounds):
-            for case in CASES:
+            for case in cases:
                 epochs = 2 if args.quick else CASES[case]["train"]["epochs"]
                 runners = [("service", None)] + [(loop, loop) for loop in YARDSTICKS[case]]
                 if r % 2:  # alternate who goes first
@@ -84,16 +88,16 @@ def main() -> None:
                     print(f"  round {r + 1} {case:14} {name:8} {value:10.0f} samples/s", file=sys.stderr)
     finally:
         svc.stop()
-    print_table(results, walls, rounds, args.device)
+    print_table(results, walls, rounds, args.device, cases)
 
 
-def print_table(results, walls, rounds, device: str = "cpu") -> None:
+def print_table(results, walls, rounds, device: str = "cpu", cases=tuple(CASES)) -> None:
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"\n{os.cpu_count()} cores, torch {torch.__version__}, device {device}, "
           f"{datetime.date.today()}, median of {rounds} alternating round(s)\n")
     print("| case | service samples/s | yardstick | yardstick samples/s | service / yardstick | service end-to-end s |")
     print("|---|---:|---|---:|---:|---:|")
-    for case in CASES:
+    for case in cases:
         for loop in YARDSTICKS[case]:
             s, y = med[(case, "service")], med[(case, loop)]
             print(f"| {case} | {s:,.0f} | {loop} | {y:,.0f} | {s / y:.2f}x | {statistics.median(walls[case]):.2f} |")

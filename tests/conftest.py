@@ -21,7 +21,8 @@ def tiny_job(epochs: int = 2, **train) -> dict:
 def slow_job(epochs: int = 40, **train) -> dict:
     """A job that trains for several seconds and checkpoints every epoch (for crash tests)."""
     return {"kind": "train", "model": {"arch": "cnn", "channels": [16, 32]}, "data": {"dataset": "digits"},
-            "train": {"epochs": epochs, "batch_size": 16, "lr": 0.001, **train}, "device": "cpu"}
+            "train": {"epochs": epochs, "batch_size": 16, "lr": 0.001, "checkpoint_every_s": 0, **train},
+            "device": "cpu"}
 
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

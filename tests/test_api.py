@@ -181,7 +181,9 @@ def test_schemathesis_finds_no_server_error(live, trained, tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "schemathesis.cli", "run", f"{live.url}/openapi.json",
          "--checks", "not_a_server_error,response_schema_conformance", "--max-examples", "40",
-         "--seed", "1", "--request-timeout", "20", "--report-dir", str(tmp_path),
+         # 60 s: a model's first export (artifact?format=onnx|pt2|torchscript) is a process that imports
+         # torch, seconds on an idle machine and several times that on a loaded one.
+         "--seed", "1", "--request-timeout", "60", "--report-dir", str(tmp_path),
          # An event stream lasts as long as its job: on the queued job each example would wait out the
          # request timeout (200 s in all). test_observe.py tests the stream.
          "--exclude-path-regex", "/events$",

@@ -279,7 +279,7 @@ def test_dockerfile_dependency_list_is_the_pinned_one():
     reqs = out.split()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert reqs == project["dependencies"] + project["optional-dependencies"]["postgres"] + \
-        project["optional-dependencies"]["s3"]
+        project["optional-dependencies"]["s3"] + project["optional-dependencies"]["export"]
     assert any(re.fullmatch(r"torch==[\d.]+", r) for r in reqs), "torch is pinned exactly"
 
 

@@ -103,7 +103,7 @@ def test_storage_url_is_checked_at_startup(monkeypatch):
 
 
 def test_a_job_process_publishes_its_checkpoints_and_model_to_the_bucket(bucket, tmp_path):
-    final, events = run_job(tmp_path, tiny_job(epochs=2), storage_url=bucket.url)
+    final, events = run_job(tmp_path, tiny_job(epochs=2, checkpoint_every_s=0), storage_url=bucket.url)
     assert final["type"] == "done"
     checkpoints = [e["path"] for e in events if e["type"] == "checkpoint"]
     keys = bucket.keys()

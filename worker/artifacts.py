@@ -85,13 +85,21 @@ def read_meta(dir: Path) -> dict[str, Any]:
     return meta
 
 
+def load_state(dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """An artifact's CPU state_dict (from its safetensors file) and its meta.json."""
+    meta = read_meta(dir)
+    return safetensors.torch.load_file(str(dir / SAFETENSORS_FILE), device="cpu"), meta
+
+
+def model_spec(meta: dict[str, Any]) -> ModelSpec:
+    # Artifacts of train jobs before meta carried `model` hold it inside the job's spec.
+    return ModelSpec.model_validate(meta["model"] if "model" in meta else meta["spec"]["model"])
+
+
 def load_model(dir: Path, device: torch.device) -> tuple[nn.Module, dict[str, Any]]:
     """Rebuild the model from meta.json and load its safetensors weights onto device, in eval mode."""
-    meta = read_meta(dir)
-    # Artifacts of train jobs before meta carried `model` hold it inside the job's spec.
-    model_spec = ModelSpec.model_validate(meta["model"] if "model" in meta else meta["spec"]["model"])
-    model = nets.build_model(model_spec, tuple(meta["input_shape"]), meta["num_classes"])
-    state = safetensors.torch.load_file(str(dir / SAFETENSORS_FILE), device="cpu")
+    state, meta = load_state(dir)
+    model = nets.build_model(model_spec(meta), tuple(meta["input_shape"]), meta["num_classes"])
     model.load_state_dict(state)
     return model.to(device).eval(), meta
 

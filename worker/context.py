@@ -39,6 +39,10 @@ class JobContext:
     world: World = field(default_factory=World)
     # Where checkpoints and the artifact are published for other hosts (app/storage.py); None: nowhere else.
     store: Store | None = None
+    # train: the artifact of the job named by init_from (worker/starting.py loads it).
+    init_dir: Path | None = None
+    # train: where the weights came from, set by worker/starting.py for the job's result; None: a fresh init.
+    started_from: dict[str, Any] | None = None
     _restarted: bool = field(default=False, repr=False)
 
     def checkpoint_file(self, epoch: int, step: int) -> Path:

@@ -68,22 +68,18 @@ def _predict(spec: PredictJob, ctx: JobContext, model_dir: Path,
     model, meta = artifacts.load_model(model_dir, ctx.device)
     if train_spec is None and "spec" in meta:
         train_spec = TrainJob.model_validate(meta["spec"])
-    # A run job's model: its meta says what data it expects (a built-in dataset's scaling, pixels or neither).
     train_data = train_spec.data if train_spec else None
-    dataset = train_data.dataset if train_data else meta.get("dataset")
+    dataset, pixels = raw_scaling(meta, train_spec)
     input_shape = tuple(meta["input_shape"])
     num_outputs = int(meta["num_classes"])
-    class_names = list(meta.get("class_names") or [])
-    # A widened output layer (model.num_classes) predicts classes the data had no name for.
-    class_names += [str(i) for i in range(len(class_names), num_outputs)]
+    class_names = output_names(meta)
     # The precision the model trained and was evaluated in, where this device supports it.
     trained_in = train_spec.train.precision if train_spec else meta.get("precision", "fp32")
     precision, _note = torch_devices.resolve_precision(ctx.device, trained_in)
     autocast = lambda: torch_devices.autocast(ctx.device, precision)  # noqa: E731
 
     if spec.inputs is not None:
-        return _predict_inputs(spec, ctx, model, input_shape, class_names, dataset, autocast,
-                               pixels=meta.get("pixels"))
+        return _predict_inputs(spec, ctx, model, input_shape, class_names, dataset, autocast, pixels=pixels)
 
     x, y, _names = data.split_for_predict(spec.data, train_data, ctx.data_dir, ctx.device)
     if tuple(x.shape[1:]) != input_shape:
@@ -109,6 +105,20 @@ def _predict(spec: PredictJob, ctx: JobContext, model_dir: Path,
     if confusion is None:
         result["note"] = f"no confusion matrix past {MAX_CONFUSION_CLASSES} classes"
     return result, summary
+
+
+def raw_scaling(meta: dict[str, Any], train_spec: TrainJob | None) -> tuple[str | None, bool | None]:
+    """(dataset, pixels): what data.normalize needs to scale raw input rows as the model's training data
+    was. Shared with worker/export.py, whose exported models take the same raw rows."""
+    # A run job's model: its meta says what data it expects (a built-in dataset's scaling, pixels or neither).
+    return (train_spec.data.dataset if train_spec else meta.get("dataset")), meta.get("pixels")
+
+
+def output_names(meta: dict[str, Any]) -> list[str]:
+    """A name for each of the model's outputs."""
+    names = list(meta.get("class_names") or [])
+    # A widened output layer (model.num_classes) predicts classes the data had no name for.
+    return names + [str(i) for i in range(len(names), int(meta["num_classes"]))]
 
 
 def _predict_inputs(spec: PredictJob, ctx: JobContext, model: nn.Module, input_shape: tuple[int, ...],

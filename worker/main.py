@@ -198,16 +198,17 @@ class Worker:
         run_dir.mkdir(parents=True, exist_ok=True)
         stem.parent.mkdir(parents=True, exist_ok=True)
         here = self._live_workers_here()
-        model_dir = model_spec = None
-        if job.kind == "predict":
-            model_job = self.db(queue.get_job, job.spec["model_job"])
+        model_dir = model_spec = model_job = None
+        field = "model_job" if job.kind == "predict" else "init_from"  # the job whose artifact this one uses
+        if job.spec.get(field) is not None:
+            model_job = self.db(queue.get_job, job.spec[field])
             if not model_job.artifact_path:
-                raise FileNotFoundError(f"model_job {model_job.id} has no artifact")
+                raise FileNotFoundError(f"{field} {model_job.id} has no artifact")
             model_dir = layout.resolve(model_job.artifact_path)
-            model_spec = model_job.spec if model_job.kind == "train" else None
+            model_spec = model_job.spec if model_job.kind == "train" and job.kind == "predict" else None
         return JobPlan(
             job=job, device=self.device, data_dir=self.settings.data_dir, run_dir=run_dir, checkpoint_stem=stem,
-            storage_url=self.settings.storage_url, fetch=self._fetch(job, model_job if job.kind == "predict" else None),
+            storage_url=self.settings.storage_url, fetch=self._fetch(job, model_job),
             ranks=tuple(r["device"] for r in job.ranks or ()),
             resume_from=layout.resolve(job.checkpoint_path) if job.checkpoint_path else None,
             threads=max(1, (os.cpu_count() or 1) // max(1, len(here["cpu"]))) if self.device == "cpu" else None,
@@ -219,7 +220,7 @@ class Worker:
     def _fetch(self, job: Job, model_job: Job | None) -> tuple[str, ...]:
         """The stored files the job process needs on this host's disk before it starts (from a bucket:
         another host may have written them): the checkpoint it resumes from, the model a predict job
-        uses, the uploads its spec names."""
+        uses or a train job starts from, the uploads its spec names."""
         keys = [job.checkpoint_path] if job.checkpoint_path else []
         if model_job is not None:
             keys += [f"{model_job.artifact_path}/{ARTIFACT_FILES[k]}" for k in ("meta", "safetensors")]

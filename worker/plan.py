@@ -20,7 +20,7 @@ class JobPlan:
     threads: int | None = None       # torch threads (CPU jobs: the host's cores shared among its workers)
     memory_budget: int | None = None  # host bytes the job process may add (enforced on CPU jobs)
     gpu_memory_fraction: float | None = None
-    model_dir: Path | None = None    # predict: the train job's artifact
+    model_dir: Path | None = None    # predict: the model job's artifact; train: init_from's
     model_spec: dict | None = None   # predict: the train job's spec (None for a run job's model)
     log_path: Path | None = None     # what the job process prints is appended here
     ranks: tuple[str, ...] = ()      # a multi-device job's devices, rank 0 (this worker's) first; () for one device

@@ -76,7 +76,8 @@ def execute(plan: JobPlan, emit: Callable[[dict], None], own_process: bool = Fal
         distributed.init(world, device, plan.checkpoint_stem.with_name(plan.checkpoint_stem.name + ".ranks"))
         ctx = JobContext(job_id=plan.job.id, device=device, data_dir=plan.data_dir, artifact_dir=plan.run_dir,
                          checkpoint_path=plan.checkpoint_stem, resume_path=plan.resume_from, emit=emit,
-                         stop_requested=lambda: _stop, world=world, store=store)
+                         stop_requested=lambda: _stop, world=world, store=store,
+                         init_dir=plan.model_dir if spec.kind == "train" else None)
         if spec.kind == "train":
             result = train.train(spec, ctx)
         elif spec.kind == "run":

@@ -8,6 +8,13 @@ it stopped (same weights, optimizer state, RNG states and batch order).
 On several devices (ctx.world, DistributedDataParallel) every rank draws the same global batch of
 batch_size x ranks samples and trains on its own shard of it, so that the job takes the steps one
 process with the whole batch would; rank 0 alone evaluates, reports, checkpoints and saves.
+
+How the model is fitted (train params): an optimizer step every `accumulate_steps` batches, the
+gradient clipped to `grad_clip_norm`, the learning rate moved by `lr_schedule` after each step.
+Validation runs every `eval_every` epochs; a Watch keeps the best evaluated weights (`keep: best`)
+and counts evaluations without improvement (`early_stopping`). Checkpoints are taken every
+`checkpoint_every` epochs once `checkpoint_every_s` seconds have passed since the last, and at
+any step boundary when the worker asks the job to stop.
 """
 import math
 import time
@@ -17,8 +24,8 @@ from typing import Any, Callable, ContextManager
 import torch
 from torch import nn
 
-from trainyard.app.spec import TrainJob, TrainParams
-from trainyard.worker import artifacts, data, distributed, infer, nets, torch_devices
+from trainyard.app.spec import HIGHER_IS_BETTER, TrainJob, TrainParams
+from trainyard.worker import artifacts, data, distributed, infer, nets, schedule, starting, torch_devices
 from trainyard.worker.context import JobContext, JobError, Preempted
 from trainyard.worker.distributed import World
 
@@ -35,28 +42,47 @@ def train(spec: TrainJob, ctx: JobContext) -> dict[str, Any]:
     ctx.log(f"training {spec.model.arch} ({run.parameters:,} parameters) on {spec.data.dataset}: "
             f"{len(run.data.y_train)} train / {len(run.data.y_val)} val samples, {run.steps_per_epoch} steps per "
             f"epoch, {on}, {run.precision}")
-    epochs, log_every = spec.train.epochs, max(1, spec.train.epochs // 10)
-    rates, last = [], None
+    p = spec.train
+    epochs, log_every = p.epochs, max(1, p.epochs // 10)
+    rates, last, stopped_at = [], None, None
+    saved_at = time.monotonic()
     for epoch in range(at.epoch, epochs):  # 0-based here, 1-based in events and logs
         started = time.perf_counter() - (at.partial or {}).get("seconds", 0.0)
         train_loss, seen, train_seconds = train_epoch(run, ctx, epoch, at)
-        every = spec.train.checkpoint_every
-        due = every and (epoch + 1) % every == 0 and epoch + 1 < epochs  # none after the last: the artifact
-        if not run.world.leader:
-            if due:  # rank 0 writes it; every rank hands it its random state
-                checkpoint(run, ctx, epoch + 1, 0, run.shuffle.get_state(), None)
-            continue
-        val_loss, val_accuracy = evaluate(run)
-        rates.append(seen / train_seconds if train_seconds > 0 else 0.0)
-        last = {"epoch": epoch + 1, "epochs": epochs, "train_loss": train_loss, "val_loss": val_loss,
-                "val_accuracy": val_accuracy, "samples_per_s": rates[-1], "seconds": time.perf_counter() - started}
-        ctx.emit({"type": "epoch", **last, **(torch_devices.memory_stats(ctx.device) or {})})
-        if epoch == at.epoch or (epoch + 1) % log_every == 0 or epoch + 1 == epochs:
-            ctx.log(f"epoch {epoch + 1}/{epochs} loss {train_loss:.4f} val_loss {val_loss:.4f} "
-                    f"val_acc {val_accuracy:.4f} ({rates[-1]:,.0f} samples/s)")
+        final = epoch + 1 == epochs
+        stop = False
+        if run.world.leader:
+            rates.append(seen / train_seconds if train_seconds > 0 else 0.0)
+            last = {"epoch": epoch + 1, "epochs": epochs, "train_loss": train_loss, "samples_per_s": rates[-1],
+                    "lr": run.lr, "effective_batch": run.effective_batch,
+                    **run.take_grad_norm()}
+            if (epoch + 1) % p.eval_every == 0 or final:
+                last["val_loss"], last["val_accuracy"] = evaluate(run)
+                stop = run.watch.update(epoch + 1, last, run.model)
+            last["seconds"] = time.perf_counter() - started
+            ctx.emit({"type": "epoch", **last, **(torch_devices.memory_stats(ctx.device) or {})})
+            if epoch == at.epoch or (epoch + 1) % log_every == 0 or final or stop:
+                ctx.log(epoch_line(last, epochs))
+        # none after the last epoch (the artifact is written instead); every rank hands it its random state
+        due = bool(p.checkpoint_every) and (epoch + 1) % p.checkpoint_every == 0 and not final \
+            and time.monotonic() - saved_at >= p.checkpoint_every_s
+        stop, due = run.agree(stop, due)
+        if stop:
+            stopped_at = epoch + 1
+            if run.world.leader:
+                ctx.log(f"early stopping at epoch {stopped_at}: {run.watch.why()}")
+                ctx.emit({"type": "total", "epochs": stopped_at})
+            break
         if due:
             checkpoint(run, ctx, epoch + 1, 0, run.shuffle.get_state(), None)
-    return summary(spec, run, ctx, at, last, rates) if run.world.leader else {}
+            saved_at = time.monotonic()
+    return summary(spec, run, ctx, at, last, rates, stopped_at) if run.world.leader else {}
+
+
+def epoch_line(m: dict[str, Any], epochs: int) -> str:
+    val = f" val_loss {m['val_loss']:.4f} val_acc {m['val_accuracy']:.4f}" if "val_loss" in m else ""
+    return (f"epoch {m['epoch']}/{epochs} loss {m['train_loss']:.4f}{val} lr {m['lr']:.3g} "
+            f"({m['samples_per_s']:,.0f} samples/s)")
 
 
 # -- build ----------------------------------------------------------------------------------------
@@ -79,6 +105,12 @@ class Run:
     parameters: int
     world: World
     stop_vote: distributed.StopVote  # every rank stops at the same step (one device: the flag itself)
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    watch: "Watch"
+    # The epoch's pre-clip gradient norms, summed on the device (read once per epoch); None: not clipping.
+    grad_norms: torch.Tensor | None = None
+    augment: Callable[[torch.Tensor, int, int], torch.Tensor] | None = None  # (batch, epoch, step) -> batch
+    lr: float = 0.0  # the learning rate of the latest optimizer step (reported per epoch)
 
     @property
     def precision(self) -> str:
@@ -86,7 +118,34 @@ class Run:
 
     @property
     def steps_per_epoch(self) -> int:
+        """Batches per epoch (an optimizer step is taken every accumulate_steps of them)."""
         return math.ceil(len(self.data.y_train) / (self.params.batch_size * self.world.size))
+
+    @property
+    def optimizer_steps_per_epoch(self) -> int:
+        return math.ceil(self.steps_per_epoch / self.params.accumulate_steps)
+
+    @property
+    def effective_batch(self) -> int:
+        return self.params.batch_size * self.params.accumulate_steps * self.world.size
+
+    def take_grad_norm(self) -> dict[str, float]:
+        """The epoch's mean pre-clip gradient norm (when clipping), and a fresh sum for the next epoch."""
+        if self.grad_norms is None:
+            return {}
+        total, steps = self.grad_norms.tolist()
+        self.grad_norms.zero_()
+        mean = total / steps if steps else None
+        return {"grad_norm": mean} if mean is not None and math.isfinite(mean) else {}
+
+    def agree(self, stop: bool, due: bool) -> tuple[bool, bool]:
+        """Rank 0's end-of-epoch decisions (stop early, checkpoint), the same on every rank."""
+        if self.world.size == 1:
+            return stop, due
+        votes = torch.tensor([float(stop), float(due)], device=self.device) if self.world.leader \
+            else torch.zeros(2, device=self.device)
+        stop_votes, due_votes = distributed.total(votes, self.world).tolist()
+        return stop_votes > 0, due_votes > 0
 
     def autocast(self) -> ContextManager:
         return torch_devices.autocast(self.device, self.precision)
@@ -104,6 +163,7 @@ def build(spec: TrainJob, ctx: JobContext) -> Run:
     torch.manual_seed(p.seed)
     shuffle = torch.Generator().manual_seed(p.seed)
     model = nets.build_model(spec.model, d.input_shape, len(d.class_names))
+    starting.apply(model, spec, d, ctx)
     if world.size > 1 and device.type == "cuda":  # batch statistics over the whole global batch (CUDA only)
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(device)
@@ -117,11 +177,66 @@ def build(spec: TrainJob, ctx: JobContext) -> Run:
     net = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None) \
         if world.size > 1 else model
     forward = torch_devices.compile_model(net, p.compile, d.x_train[:2], applied)
-    return Run(params=p, device=device, data=d, model=model, forward=forward, optimizer=optimizer,
-               scaler=torch_devices.grad_scaler(device, applied["precision"]), criterion=nn.CrossEntropyLoss(),
-               shuffle=shuffle, applied=applied, channels_last=channels_last,
-               num_outputs=spec.model.num_classes or len(d.class_names), parameters=nets.count_parameters(model),
-               world=world, stop_vote=distributed.StopVote(world))
+    run = Run(params=p, device=device, data=d, model=model, forward=forward, optimizer=optimizer,
+              scaler=torch_devices.grad_scaler(device, applied["precision"]),
+              criterion=nn.CrossEntropyLoss(label_smoothing=p.label_smoothing),
+              shuffle=shuffle, applied=applied, channels_last=channels_last,
+              num_outputs=spec.model.num_classes or len(d.class_names), parameters=nets.count_parameters(model),
+              world=world, stop_vote=distributed.StopVote(world), scheduler=None, watch=Watch(p),
+              grad_norms=torch.zeros(2, device=device) if p.grad_clip_norm else None)
+    run.scheduler = schedule.build(p, optimizer, run.optimizer_steps_per_epoch)
+    run.lr = optimizer.param_groups[0]["lr"]
+    return run
+
+
+class Watch:
+    """What the evaluated epochs have shown so far: the best one by keep_metric with its weights
+    (keep: best), and how many evaluations the early-stopping metric has gone without improving."""
+
+    def __init__(self, p: TrainParams):
+        self.keep_metric = p.keep_metric if p.keep == "best" else None
+        self.early = p.early_stopping
+        self.best: dict[str, Any] | None = None  # epoch, value and metrics of the best evaluated epoch
+        self.best_state: dict[str, torch.Tensor] | None = None
+        self.early_best: float | None = None
+        self.waited = 0
+
+    def update(self, epoch: int, metrics: dict[str, Any], model: nn.Module) -> bool:
+        """Take in an evaluated epoch's metrics; True when early stopping says stop."""
+        if self.keep_metric and improves(self.keep_metric, metrics[self.keep_metric],
+                                         self.best and self.best["value"], 0.0):
+            self.best = {"epoch": epoch, "value": metrics[self.keep_metric],
+                         "metrics": {k: metrics[k] for k in ("train_loss", "val_loss", "val_accuracy")}}
+            # A copy on the device: no wait for it, and one model's memory at most.
+            self.best_state = {k: v.detach().clone() for k, v in artifacts.unwrap(model).state_dict().items()}
+        if self.early is None:
+            return False
+        value = metrics[self.early.metric]
+        if improves(self.early.metric, value, self.early_best, self.early.min_delta):
+            self.early_best, self.waited = value, 0
+        else:
+            self.waited += 1
+        return self.waited >= self.early.patience
+
+    def why(self) -> str:
+        e = self.early
+        return f"{e.metric} has not improved by more than {e.min_delta} on {self.early_best:.4f} in " \
+               f"{self.waited} evaluation(s) (patience {e.patience})"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "best_state": self.best_state, "early_best": self.early_best,
+                "waited": self.waited}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if state is not None:
+            self.best, self.best_state = state["best"], state["best_state"]
+            self.early_best, self.waited = state["early_best"], state["waited"]
+
+
+def improves(metric: str, value: float, best: float | None, min_delta: float) -> bool:
+    if best is None:
+        return math.isfinite(value)
+    return value > best + min_delta if HIGHER_IS_BETTER[metric] else value < best - min_delta
 
 
 def make_optimizer(p: TrainParams, parameters) -> torch.optim.Optimizer:
@@ -153,6 +268,9 @@ def resume(run: Run, ctx: JobContext) -> Start:
     artifacts.optimizer_to(run.optimizer, ctx.device)
     if ck["scaler"] is not None:
         run.scaler.load_state_dict(ck["scaler"])
+    if run.scheduler is not None and ck.get("scheduler") is not None:
+        run.scheduler.load_state_dict(ck["scheduler"])
+    run.watch.load_state_dict(ck.get("watch"))
     rng = ck if run.world.rank == 0 else ck["rank_rng"][run.world.rank - 1]
     torch.set_rng_state(rng["torch_rng"])
     torch_devices.set_cuda_rng_state(ctx.device, rng.get("cuda_rng"))
@@ -173,6 +291,8 @@ def checkpoint(run: Run, ctx: JobContext, epoch: int, step: int, shuffle_state: 
         "epoch": epoch, "step": step,
         "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
         "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
+        "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
+        "watch": run.watch.state_dict(),
         **rng, "rank_rng": ranks_rng[1:],
         "shuffle_rng_at_epoch_start": shuffle_state,
         "partial": partial,
@@ -204,8 +324,10 @@ def train_epoch(run: Run, ctx: JobContext, epoch: int, at: Start) -> tuple[float
         at.partial = None
 
     run.model.train()
-    for step in range(first_step, run.steps_per_epoch):
-        if run.stop_vote(ctx.stop_requested()):
+    k, steps = run.params.accumulate_steps, run.steps_per_epoch
+    for step in range(first_step, steps):
+        # Only between optimizer steps: a checkpoint cannot hold half-accumulated gradients.
+        if step % k == 0 and run.stop_vote(ctx.stop_requested()):
             total, count = over_ranks(loss_sum, seen, world)
             done = {"loss_sum": total.item(), "count": count,
                     "seconds": earlier_seconds + time.perf_counter() - t0} if step > 0 else None
@@ -222,10 +344,15 @@ def train_epoch(run: Run, ctx: JobContext, epoch: int, at: Start) -> tuple[float
         if host_batches:  # pinned, so the copy overlaps the previous step's work
             xb = xb.pin_memory().to(device, non_blocking=True)
             yb = yb.pin_memory().to(device, non_blocking=True)
+        if run.augment is not None:
+            xb = run.augment(xb, epoch, step)
         if run.channels_last:
             xb = xb.contiguous(memory_format=torch.channels_last)
         count = len(yb) if count is None else count
-        loss = step_on(run, xb, yb, scale)
+        group = step // k * k
+        if k > 1:  # each batch's share of the samples its optimizer step takes
+            scale *= _samples(step, step + 1, bs, n) / _samples(group, min(group + k, steps), bs, n)
+        loss = step_on(run, xb, yb, scale, first=step == group, last=step + 1 == min(group + k, steps))
         if count:
             loss_sum.add_(loss, alpha=count)
             seen += count
@@ -239,6 +366,11 @@ def train_epoch(run: Run, ctx: JobContext, epoch: int, at: Start) -> tuple[float
     return train_loss, seen, earlier_seconds + time.perf_counter() - t0
 
 
+def _samples(first: int, end: int, bs: int, n: int) -> int:
+    """Samples in batches first..end-1 of an epoch of n samples in batches of bs (the last may be short)."""
+    return min(end * bs, n) - first * bs
+
+
 def over_ranks(loss_sum: torch.Tensor, seen: int, world: World) -> tuple[torch.Tensor, int]:
     """The loss sum and sample count of all ranks together (these themselves on one device)."""
     if world.size == 1:
@@ -248,21 +380,35 @@ def over_ranks(loss_sum: torch.Tensor, seen: int, world: World) -> tuple[torch.T
     return sums[0], int(sums[1].item())
 
 
-def step_on(run: Run, xb: torch.Tensor, yb: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-    """One optimizer step on a batch; its mean loss, detached, still on the device. The gradient is
-    that of the loss times scale (a rank's share of a global batch: distributed.shard)."""
+def step_on(run: Run, xb: torch.Tensor, yb: torch.Tensor, scale: float = 1.0,
+            first: bool = True, last: bool = True) -> torch.Tensor:
+    """Backward on a batch, and an optimizer step when it is the last of its accumulation group
+    (`first` clears the gradients); its mean loss, detached, still on the device. The gradient is
+    that of the loss times scale (a rank's share of a global batch: distributed.shard, and the
+    batch's share of its group)."""
     with run.autocast():
         logits = run.forward(xb)
     mean = run.criterion(logits.float(), yb)
     loss = mean if scale == 1.0 else mean * scale
-    run.optimizer.zero_grad(set_to_none=True)
-    if run.scaler.is_enabled():  # fp16 on CUDA: the scaler keeps small gradients from flushing to zero
-        run.scaler.scale(loss).backward()
-        run.scaler.step(run.optimizer)
-        run.scaler.update()
+    if first:
+        run.optimizer.zero_grad(set_to_none=True)
+    scaler = run.scaler if run.scaler.is_enabled() else None  # fp16 on CUDA: keeps small gradients from flushing
+    (scaler.scale(loss) if scaler else loss).backward()
+    if not last:
+        return mean.detach()
+    if run.grad_norms is not None:
+        if scaler:
+            scaler.unscale_(run.optimizer)  # clip the true gradients, not the scaled ones
+        norm = nn.utils.clip_grad_norm_(run.model.parameters(), run.params.grad_clip_norm)
+        run.grad_norms.add_(torch.stack([norm.to(run.grad_norms), torch.ones_like(run.grad_norms[0])]))
+    if scaler:
+        scaler.step(run.optimizer)
+        scaler.update()
     else:
-        loss.backward()
         run.optimizer.step()
+    if run.scheduler is not None:
+        run.lr = run.optimizer.param_groups[0]["lr"]
+        run.scheduler.step()
     return mean.detach()
 
 
@@ -279,9 +425,14 @@ def evaluate(run: Run, module: Callable | None = None) -> tuple[float, float]:
 
 
 def summary(spec: TrainJob, run: Run, ctx: JobContext, at: Start, last: dict | None,
-            rates: list[float]) -> dict[str, Any]:
-    """Write the artifact and return the job's result."""
-    if last is None:  # nothing left to run (a checkpoint of a finished run): report the model as it is
+            rates: list[float], stopped_at: int | None = None) -> dict[str, Any]:
+    """Write the artifact (the kept epoch's weights) and return the job's result."""
+    best = run.watch.best
+    if best is not None:
+        run.model.load_state_dict(run.watch.best_state)
+        last = best["metrics"]
+        ctx.log(f"keeping epoch {best['epoch']}: the best {run.watch.keep_metric} ({best['value']:.4f})")
+    elif last is None:  # nothing left to run (a checkpoint of a finished run): report the model as it is
         val_loss, val_accuracy = evaluate(run, run.model)
         last = {"train_loss": None, "val_loss": val_loss, "val_accuracy": val_accuracy}
     d = run.data
@@ -301,4 +452,7 @@ def summary(spec: TrainJob, run: Run, ctx: JobContext, at: Start, last: dict | N
         "applied": run.applied,
         "resumed_from_epoch": at.epoch if at.resumed else None,
         "resumed_from_step": at.step if at.resumed else None,
+        "kept": spec.train.keep, "kept_epoch": best["epoch"] if best else stopped_at or spec.train.epochs,
+        "stopped_early_at": stopped_at,
+        "started_from": ctx.started_from,
     }

@@ -130,8 +130,11 @@ class MetricPublic(BaseModel):
     epoch: int
     attempt: int
     train_loss: float | None = None
-    val_loss: float | None = None
+    val_loss: float | None = Field(None, description="null on epochs not evaluated (train.eval_every)")
     val_accuracy: float | None = None
+    lr: float | None = Field(None, description="the learning rate of the epoch's last optimizer step")
+    effective_batch: int | None = Field(None, description="samples per optimizer step (all devices, accumulated)")
+    grad_norm: float | None = Field(None, description="mean gradient norm before clipping (train.grad_clip_norm)")
     samples_per_s: float | None = None
     seconds: float | None = None
     memory_allocated: int | None = None

@@ -11,11 +11,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from trainyard.app import admission, queue, storage
+from trainyard.app import admission, exports, queue, storage
 from trainyard.app.api.deps import EngineDep, ReaderDep, SettingsDep
 from trainyard.app.api.schemas import HEAVY, NOT_FOUND, JobPublic, JobsPublic, MetricPublic, job_fields, responses
 from trainyard.app.errors import Conflict, Gone, NotFound
-from trainyard.app.layout import ARTIFACT_FILES, RESULT_FILE
+from trainyard.app.layout import ARTIFACT_FILES, EXPORT_FILES, RESULT_FILE
 from trainyard.app.records import Job
 from trainyard.app.spec import JOB_KINDS, MAX_ID, PREDICT_DATA_EXAMPLE, PREDICT_INPUTS_EXAMPLE, TRAIN_EXAMPLE, JobSpec
 from trainyard.app.states import TERMINAL, JobState
@@ -172,20 +172,31 @@ def job_result(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> Respo
 
 
 @router.get("/{job_id}/artifact", response_class=FileResponse,
-            responses={200: {"content": {"application/octet-stream": {}}, "description": "the trained state_dict"},
-                       **responses(not_found="no such job, or one without a model", conflict="the job has not succeeded",
+            responses={200: {"content": {"application/octet-stream": {}},
+                             "description": "the trained state_dict (safetensors, pt), its meta.json, or the model "
+                                            "exported with its input normalisation built in (onnx, pt2, torchscript)"},
+                       **responses(not_found="no such job, or one without a model",
+                                   conflict="the job has not succeeded, or its model cannot be rebuilt to export it",
                                    gone="its files are gone")})
-def job_artifact(job_id: JobId, engine: EngineDep, settings: SettingsDep,
-                 format: Literal["safetensors", "pt", "meta"] = "safetensors") -> Response:
-    job = queue.get_job(engine, job_id)
+async def job_artifact(job_id: JobId, engine: EngineDep, settings: SettingsDep,
+                       format: Literal["safetensors", "pt", "meta", "onnx", "pt2", "torchscript"] = "safetensors"
+                       ) -> Response:
+    """The job's model. onnx, pt2 and torchscript take float32 rows of raw values, (N, width) like a
+    predict job's `inputs`, and return class probabilities; each is exported on its first request
+    (seconds) and served from the store after that."""
+    job = await run_in_threadpool(queue.get_job, engine, job_id)
     if job.kind == "predict":
         raise NotFound(f"job {job_id} is a predict job; train jobs (and run jobs that save a model) have artifacts")
     if job.state != JobState.SUCCEEDED or not job.artifact_path:
         raise Conflict(f"job {job_id} is {job.state}; its artifact exists once it has succeeded")
-    name = ARTIFACT_FILES[format].replace("model", f"job-{job_id}-model").replace("meta", f"job-{job_id}-meta")
     media = "application/json" if format == "meta" else "application/octet-stream"
     try:
-        return _stored(settings.store, f"{job.artifact_path}/{ARTIFACT_FILES[format]}", media, name)
+        if format in EXPORT_FILES:
+            key, name = await exports.exported(settings, job, format), f"job-{job_id}-{EXPORT_FILES[format]}"
+        else:
+            key = f"{job.artifact_path}/{ARTIFACT_FILES[format]}"
+            name = ARTIFACT_FILES[format].replace("model", f"job-{job_id}-model").replace("meta", f"job-{job_id}-meta")
+        return await run_in_threadpool(_stored, settings.store, key, media, name)
     except FileNotFoundError:
         if job.kind == "run":
             raise NotFound(f"run job {job_id} saved no model (ctx.save_model)") from None

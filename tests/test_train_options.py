@@ -1,0 +1,239 @@
+"""How the built-in loop fits a model (worker/train.py, worker/schedule.py): learning-rate schedules,
+gradient clipping and accumulation, label smoothing, evaluation cadence, early stopping, keeping the
+best epoch and the time-based checkpoint cadence; each tested for its effect, in-process on the CPU."""
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+from torch import nn
+
+from tests.test_train import job, make_ctx, of_type, weights
+from trainyard.app.spec import TRAIN_EXAMPLE, parse_spec
+from trainyard.worker import artifacts, infer, train
+from trainyard.worker.context import Preempted
+
+# TRAIN_EXAMPLE (iris, 120 training samples in one batch of 120): one optimizer step per epoch.
+LR = 0.01
+
+
+def lrs(events) -> list[float]:
+    return [e["lr"] for e in of_type(events, "epoch")]
+
+
+def run(tmp_path, name="run", **params):
+    events = []
+    result = train.train(job(**params), make_ctx(tmp_path, events, name))
+    return result, events
+
+
+@pytest.mark.parametrize("schedule, expected", [
+    (None, [LR] * 5),
+    ({"name": "step", "step_epochs": 2, "gamma": 0.5}, [LR, LR, LR / 2, LR / 2, LR / 4]),
+    ({"name": "linear", "min_lr": 0.001}, [0.01, 0.00775, 0.0055, 0.00325, 0.001]),
+    ({"name": "cosine", "min_lr": 0.001},
+     [0.001 + 0.009 * 0.5 * (1 + math.cos(math.pi * i / 4)) for i in range(5)]),
+    ({"name": "constant", "warmup_epochs": 2}, [LR / 3, 2 * LR / 3, LR, LR, LR]),
+    ({"name": "cosine", "warmup_epochs": 1}, [LR / 2, LR, LR * 0.75, LR * 0.25, 0.0]),
+])
+def test_each_schedule_sets_the_learning_rate_of_each_epoch(tmp_path, schedule, expected):
+    _, events = run(tmp_path, epochs=5, lr=LR, lr_schedule=schedule)
+    assert lrs(events) == pytest.approx(expected, abs=1e-12)
+
+
+def test_onecycle_rises_to_lr_and_anneals_far_below_it(tmp_path):
+    _, events = run(tmp_path, epochs=10, lr=LR, lr_schedule={"name": "onecycle", "warmup_epochs": 3})
+    seen = lrs(events)
+    assert seen[0] == pytest.approx(LR / 25)  # torch's OneCycleLR: starts at max_lr / div_factor
+    assert max(seen) == pytest.approx(LR) and seen.index(max(seen)) == 3
+    assert seen[-1] < LR / 1000 and seen == sorted(seen[:4]) + sorted(seen[4:], reverse=True)
+
+
+def test_steps_per_epoch_count_optimizer_steps_with_accumulation(tmp_path):
+    # 120 samples in batches of 10, 4 per optimizer step: 3 steps per epoch; linear decay over 6 steps.
+    _, events = run(tmp_path, epochs=2, lr=LR, batch_size=10, accumulate_steps=4,
+                    lr_schedule={"name": "linear"})
+    assert lrs(events) == pytest.approx([LR * 3 / 5, 0.0], abs=1e-12)
+    assert {e["effective_batch"] for e in of_type(events, "epoch")} == {40}
+
+
+@pytest.mark.parametrize("small, k, big", [(10, 4, 40), (16, 2, 32)])
+def test_accumulating_k_batches_of_b_equals_one_batch_of_k_times_b(tmp_path, small, k, big):
+    # 120 samples: 10 x 4 makes three full groups; 16 x 2 ends with a group of 16 + 8 against a batch of 24.
+    common = {"epochs": 3, "optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "checkpoint_every": 0}
+    a, a_events = run(tmp_path, "a", batch_size=small, accumulate_steps=k, **common)
+    b, b_events = run(tmp_path, "b", batch_size=big, **common)
+    wa, wb = weights(tmp_path / "a" / "artifact"), weights(tmp_path / "b" / "artifact")
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key], rtol=1e-5, atol=1e-6)
+    assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+    # The same weights are not two untouched models: they moved.
+    assert of_type(b_events, "epoch")[-1]["train_loss"] < of_type(b_events, "epoch")[0]["train_loss"]
+    # The weights differ from a run that steps on every small batch.
+    c, _ = run(tmp_path, "c", batch_size=small, **common)
+    assert c["val_loss"] != pytest.approx(a["val_loss"], rel=1e-5)
+
+
+def test_clipping_bounds_the_gradient_norm(tmp_path):
+    spec = job(epochs=1, lr=1.0, grad_clip_norm=0.05)
+    r = train.build(spec, make_ctx(tmp_path, []))
+    train.step_on(r, r.data.x_train, r.data.y_train)
+    norm = nn.utils.get_total_norm([p.grad for p in r.model.parameters()])
+    assert norm == pytest.approx(0.05, rel=1e-4)
+    pre_clip = r.take_grad_norm()["grad_norm"]
+    assert pre_clip > 0.5  # the raw gradient was an order of magnitude larger
+
+    unclipped = train.build(job(epochs=1, lr=1.0), make_ctx(tmp_path, [], "plain"))
+    train.step_on(unclipped, unclipped.data.x_train, unclipped.data.y_train)
+    assert nn.utils.get_total_norm([p.grad for p in unclipped.model.parameters()]) == pytest.approx(pre_clip)
+
+    _, events = run(tmp_path, "job", epochs=3, grad_clip_norm=0.05)
+    assert all(e["grad_norm"] > 0.05 for e in of_type(events, "epoch"))
+
+
+def test_label_smoothing_is_in_the_training_loss(tmp_path):
+    spec = job(epochs=1, label_smoothing=0.3)
+    r = train.build(spec, make_ctx(tmp_path, [], "build"))
+    with torch.no_grad():
+        logits = r.model(r.data.x_train)
+    smoothed = nn.functional.cross_entropy(logits, r.data.y_train, label_smoothing=0.3).item()
+    plain = nn.functional.cross_entropy(logits, r.data.y_train).item()
+    # One full-batch step per epoch: epoch 1's loss is the initial model's.
+    result, events = run(tmp_path, epochs=1, label_smoothing=0.3)
+    assert of_type(events, "epoch")[0]["train_loss"] == pytest.approx(smoothed, rel=1e-6)
+    assert smoothed != pytest.approx(plain, rel=1e-3)
+    # Validation loss stays plain cross-entropy (comparable between jobs with and without smoothing).
+    assert result["val_loss"] == pytest.approx(infer.evaluate(
+        artifacts.load_model(tmp_path / "run" / "artifact", torch.device("cpu"))[0],
+        r.data.x_val, r.data.y_val, 1024, torch.device("cpu"))[0], rel=1e-6)
+
+
+def test_eval_every_validates_on_its_epochs_and_the_last(tmp_path):
+    _, events = run(tmp_path, epochs=7, eval_every=3)
+    epochs = of_type(events, "epoch")
+    assert [e["epoch"] for e in epochs if "val_loss" in e] == [3, 6, 7]
+    assert all("val_accuracy" not in e for e in epochs if e["epoch"] not in (3, 6, 7))
+
+
+@pytest.mark.parametrize("eval_every, stops_at", [(1, 3), (2, 6)])
+def test_early_stopping_stops_after_patience_evaluations_without_improvement(tmp_path, eval_every, stops_at):
+    # No epoch can improve val_accuracy by more than 1.0: the first evaluation sets the bar.
+    result, events = run(tmp_path, epochs=50, eval_every=eval_every,
+                         early_stopping={"metric": "val_accuracy", "patience": 2, "min_delta": 1.0})
+    assert result["stopped_early_at"] == stops_at
+    assert [e["epoch"] for e in of_type(events, "epoch")] == list(range(1, stops_at + 1))
+    assert of_type(events, "total") == [{"type": "total", "epochs": stops_at}]
+    assert any("early stopping at epoch" in e["line"] for e in of_type(events, "log"))
+    assert result["kept_epoch"] == stops_at
+
+
+def test_early_stopping_waits_while_the_metric_improves(tmp_path):
+    # Iris's loss falls for all of its first 30 epochs at this lr: nothing to stop.
+    result, events = run(tmp_path, epochs=30, early_stopping={"metric": "val_loss", "patience": 1})
+    assert result["stopped_early_at"] is None and len(of_type(events, "epoch")) == 30
+
+
+def test_keep_best_saves_the_best_evaluated_epoch(tmp_path):
+    # Too high a learning rate: the validation loss bottoms out early and then wanders.
+    result, events = run(tmp_path, epochs=30, lr=0.3, optimizer="sgd", momentum=0.9, keep="best")
+    evaluated = {e["epoch"]: e for e in of_type(events, "epoch")}
+    best = min(evaluated, key=lambda e: evaluated[e]["val_loss"])
+    assert result["kept"] == "best" and result["kept_epoch"] == best < 30
+    assert result["val_loss"] == evaluated[best]["val_loss"] != evaluated[30]["val_loss"]
+    model, _ = artifacts.load_model(tmp_path / "run" / "artifact", torch.device("cpu"))
+    r = train.build(job(), make_ctx(tmp_path, [], "data"))
+    loss, accuracy, _ = infer.evaluate(model, r.data.x_val, r.data.y_val, 1024, torch.device("cpu"))
+    assert loss == pytest.approx(evaluated[best]["val_loss"], rel=1e-6)
+    assert accuracy == evaluated[best]["val_accuracy"]
+
+    by_accuracy, events = run(tmp_path, "acc", epochs=30, lr=0.3, optimizer="sgd", momentum=0.9, keep="best",
+                              keep_metric="val_accuracy")
+    accuracies = [e["val_accuracy"] for e in of_type(events, "epoch")]
+    assert by_accuracy["kept_epoch"] == accuracies.index(max(accuracies)) + 1
+
+
+def test_checkpoints_wait_checkpoint_every_s_between_them(tmp_path):
+    _, events = run(tmp_path, "hourly", epochs=20, checkpoint_every_s=3600)
+    assert not of_type(events, "checkpoint")
+    _, events = run(tmp_path, "always", epochs=20, checkpoint_every_s=0, checkpoint_every=5)
+    assert [c["epoch"] for c in of_type(events, "checkpoint")] == [5, 10, 15]
+
+
+# Every option at once, stopped mid-epoch and mid-accumulation-group: the resumed run is the same run.
+OPTIONS = dict(model={"arch": "mlp", "hidden": [16], "dropout": 0.2}, data_={"dataset": "digits"},
+               epochs=4, batch_size=64, accumulate_steps=3, grad_clip_norm=0.5, label_smoothing=0.1,
+               lr_schedule={"name": "cosine", "warmup_epochs": 1}, keep="best", eval_every=1,
+               early_stopping={"metric": "val_loss", "patience": 3}, checkpoint_every_s=3600)
+
+
+@pytest.mark.parametrize("stop_after", [8, 30])  # digits: 23 batches per epoch, so 8 groups of 3
+def test_a_run_with_every_option_resumes_exactly(tmp_path, stop_after):
+    spec = job(**OPTIONS)
+    full_events = []
+    full = train.train(spec, make_ctx(tmp_path, full_events, "full"))
+    first_events = []
+    with pytest.raises(Preempted):
+        train.train(spec, make_ctx(tmp_path, first_events, "first", stop_after_steps=stop_after))
+    ck = of_type(first_events, "checkpoint")[-1]
+    assert ck["step"] % 3 == 0  # stopped between optimizer steps, not within a group
+    second_events = []
+    resumed = train.train(spec, make_ctx(tmp_path, second_events, "second", resume_path=ck["path"]))
+    assert resumed["kept_epoch"] == full["kept_epoch"] and resumed["val_loss"] == full["val_loss"]
+    done = of_type(first_events, "epoch") + of_type(second_events, "epoch")
+    assert [e["lr"] for e in done] == [e["lr"] for e in of_type(full_events, "epoch")]
+    wf, ws = weights(tmp_path / "full" / "artifact"), weights(tmp_path / "second" / "artifact")
+    assert all(torch.equal(wf[k], ws[k]) for k in wf)
+
+
+@pytest.mark.parametrize("train_params, field", [
+    ({"lr_schedule": {"name": "exponential"}}, "lr_schedule.name"),
+    ({"lr_schedule": {"name": "cosine", "min_lr": -1}}, "lr_schedule.min_lr"),
+    ({"lr_schedule": {"name": "step", "gamma": 0}}, "lr_schedule.gamma"),
+    ({"grad_clip_norm": 0}, "grad_clip_norm"),
+    ({"accumulate_steps": 0}, "accumulate_steps"),
+    ({"label_smoothing": 1.0}, "label_smoothing"),
+    ({"eval_every": 0}, "eval_every"),
+    ({"early_stopping": {"metric": "train_loss"}}, "early_stopping.metric"),
+    ({"early_stopping": {"patience": 0}}, "early_stopping.patience"),
+    ({"early_stopping": {"patiense": 2}}, "early_stopping.patiense"),
+    ({"keep": "first"}, "keep"),
+    ({"checkpoint_every_s": -1}, "checkpoint_every_s"),
+])
+def test_bad_options_name_their_field(train_params, field):
+    with pytest.raises(ValidationError) as e:
+        parse_spec({"kind": "train", "model": {"arch": "mlp"}, "data": {"dataset": "iris"}, "train": train_params})
+    assert any(".".join(map(str, err["loc"])).endswith("train." + field) for err in e.value.errors()), e.value
+
+
+def test_stored_spec_keeps_only_the_fields_that_apply():
+    spec = job(lr_schedule={"name": "step"}, keep="last").model_dump(mode="json")["train"]
+    assert spec["lr_schedule"] == {"name": "step", "warmup_epochs": 0.0, "step_epochs": 30, "gamma": 0.1}
+    assert "keep_metric" not in spec
+    assert job(keep="best").model_dump(mode="json")["train"]["keep_metric"] == "val_loss"
+
+
+def test_through_the_service_an_early_stopped_job_succeeds_with_its_best_epoch(service):
+    service.start_worker("cpu")
+    body = {**TRAIN_EXAMPLE, "train": {**TRAIN_EXAMPLE["train"], "epochs": 60, "eval_every": 2, "keep": "best",
+                                       "lr_schedule": {"name": "cosine", "warmup_epochs": 2},
+                                       "early_stopping": {"metric": "val_accuracy", "patience": 3,
+                                                          "min_delta": 1.0}}}
+    job_id = service.submit(body)["id"]
+    done = service.wait_state(job_id)
+    assert done["state"] == "succeeded", done
+    result = done["result"]
+    assert result["stopped_early_at"] == 8 and result["kept"] == "best"
+    assert done["progress"]["epoch"] == done["progress"]["epochs"] == 8  # finished, not 8 of 60
+    with service.client() as c:
+        metrics = c.get(f"/jobs/{job_id}/metrics").json()
+        schema = c.get("/catalog").json()["schemas"]["train"]
+        logs = c.get(f"/jobs/{job_id}/logs").text
+    assert [m["epoch"] for m in metrics if m["val_loss"] is not None] == [2, 4, 6, 8]
+    assert metrics[0]["lr"] < metrics[1]["lr"] < metrics[2]["lr"] == pytest.approx(body["train"]["lr"])  # warm-up
+    evaluated = [m for m in metrics if m["val_loss"] is not None]
+    best = min(evaluated, key=lambda m: m["val_loss"])
+    assert result["kept_epoch"] == best["epoch"] and result["val_loss"] == best["val_loss"]
+    assert "early stopping at epoch 8" in logs and f"keeping epoch {best['epoch']}" in logs
+    train_fields = schema["$defs"]["TrainParams"]["properties"]
+    assert {"lr_schedule", "grad_clip_norm", "accumulate_steps", "label_smoothing", "eval_every", "early_stopping",
+            "keep", "keep_metric", "checkpoint_every_s"} <= set(train_fields)
