@@ -159,11 +159,13 @@ def test_checkpoints_wait_checkpoint_every_s_between_them(tmp_path):
     assert [c["epoch"] for c in of_type(events, "checkpoint")] == [5, 10, 15]
 
 
-# Every option at once, stopped mid-epoch and mid-accumulation-group: the resumed run is the same run.
+# Every option at once, stopped mid-epoch and mid-accumulation-group: the resumed run is the same run
+# (digits are 1 x 8 x 8 images: augmentation applies).
 OPTIONS = dict(model={"arch": "mlp", "hidden": [16], "dropout": 0.2}, data_={"dataset": "digits"},
                epochs=4, batch_size=64, accumulate_steps=3, grad_clip_norm=0.5, label_smoothing=0.1,
                lr_schedule={"name": "cosine", "warmup_epochs": 1}, keep="best", eval_every=1,
-               early_stopping={"metric": "val_loss", "patience": 3}, checkpoint_every_s=3600)
+               early_stopping={"metric": "val_loss", "patience": 3}, checkpoint_every_s=3600,
+               augment={"crop_padding": 1, "horizontal_flip": True})
 
 
 @pytest.mark.parametrize("stop_after", [8, 30])  # digits: 23 batches per epoch, so 8 groups of 3

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from trainyard.app.spec import HIGHER_IS_BETTER, TrainJob, TrainParams
-from trainyard.worker import artifacts, data, distributed, infer, nets, schedule, starting, torch_devices
+from trainyard.worker import artifacts, augment, data, distributed, infer, nets, schedule, starting, torch_devices
 from trainyard.worker.context import JobContext, JobError, Preempted
 from trainyard.worker.distributed import World
 
@@ -183,7 +183,8 @@ def build(spec: TrainJob, ctx: JobContext) -> Run:
               shuffle=shuffle, applied=applied, channels_last=channels_last,
               num_outputs=spec.model.num_classes or len(d.class_names), parameters=nets.count_parameters(model),
               world=world, stop_vote=distributed.StopVote(world), scheduler=None, watch=Watch(p),
-              grad_norms=torch.zeros(2, device=device) if p.grad_clip_norm else None)
+              grad_norms=torch.zeros(2, device=device) if p.grad_clip_norm else None,
+              augment=augment.BatchAugment(p.augment, p.seed, d.input_shape, world.rank) if p.augment else None)
     run.scheduler = schedule.build(p, optimizer, run.optimizer_steps_per_epoch)
     run.lr = optimizer.param_groups[0]["lr"]
     return run
