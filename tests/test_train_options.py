@@ -1,7 +1,9 @@
 """How the built-in loop fits a model (worker/train.py, worker/schedule.py): learning-rate schedules,
 gradient clipping and accumulation, label smoothing, evaluation cadence, early stopping, keeping the
 best epoch and the time-based checkpoint cadence; each tested for its effect, in-process on the CPU."""
+import json
 import math
+import re
 
 import pytest
 import torch
@@ -239,3 +241,23 @@ def test_through_the_service_an_early_stopped_job_succeeds_with_its_best_epoch(s
     train_fields = schema["$defs"]["TrainParams"]["properties"]
     assert {"lr_schedule", "grad_clip_norm", "accumulate_steps", "label_smoothing", "eval_every", "early_stopping",
             "keep", "keep_metric", "checkpoint_every_s"} <= set(train_fields)
+
+
+def test_augmentation_changes_what_the_loop_trains_on(tmp_path):
+    digits = dict(model={"arch": "cnn", "channels": [8]}, data_={"dataset": "digits"}, epochs=2, batch_size=128)
+    _, plain = run(tmp_path, "plain", **digits)
+    _, augmented = run(tmp_path, "augmented", **digits, augment={"crop_padding": 2})
+    _, again = run(tmp_path, "again", **digits, augment={"crop_padding": 2})
+    losses = [[e["train_loss"] for e in of_type(events, "epoch")] for events in (plain, augmented, again)]
+    assert losses[1] != losses[0] and losses[1] == losses[2]  # seeded: the same job augments the same way
+
+
+def test_the_readme_example_job_is_valid_and_trains(tmp_path):
+    from tests.service import ROOT
+    section = (ROOT / "README.md").read_text().split("### Training options\n", 1)[1].split("\n### ", 1)[0]
+    body = json.loads(re.search(r"-d '(\{.*?\})'", section, re.S).group(1))
+    spec = parse_spec(body)
+    assert spec.train.lr_schedule and spec.train.early_stopping and spec.train.keep == "best"
+    body["train"]["epochs"] = 2
+    result = train.train(parse_spec(body), make_ctx(tmp_path, []))
+    assert result["kept"] == "best" and result["val_accuracy"] > 0.5
