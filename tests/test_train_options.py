@@ -1,6 +1,7 @@
 """How the built-in loop fits a model (worker/train.py, worker/schedule.py): learning-rate schedules,
 gradient clipping and accumulation, label smoothing, evaluation cadence, early stopping, keeping the
 best epoch and the time-based checkpoint cadence; each tested for its effect, in-process on the CPU."""
+import copy
 import json
 import math
 import re
@@ -261,3 +262,28 @@ def test_the_readme_example_job_is_valid_and_trains(tmp_path):
     body["train"]["epochs"] = 2
     result = train.train(parse_spec(body), make_ctx(tmp_path, []))
     assert result["kept"] == "best" and result["val_accuracy"] > 0.5
+
+
+def test_small_cpu_steps_run_on_one_thread_and_say_so(tmp_path):
+    from trainyard.worker import torch_devices
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 3)).train()
+        x = torch.randn(5, 4)
+        before, rng = copy.deepcopy(net.state_dict()), torch.get_rng_state()
+        assert torch_devices.step_flops(net, x, 64) == 64 * torch_devices.step_flops(net, x, 1) > 0
+        # Counting leaves no trace: no gradients, batch-norm statistics or random draws, still training.
+        assert net.training and all(p.grad is None for p in net.parameters())
+        assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+        assert torch.equal(rng, torch.get_rng_state())
+        applied = {}
+        torch_devices.fit_cpu_threads(net, x, 64, torch.device("cpu"), applied)
+        assert applied["cpu_threads"] == 1 == torch.get_num_threads()
+
+        torch.set_num_threads(2)
+        big = nn.Sequential(nn.Linear(1024, 1024), nn.Linear(1024, 10))  # 6 MFLOP a sample
+        torch_devices.fit_cpu_threads(big, torch.randn(1, 1024), 64, torch.device("cpu"), applied)
+        assert applied["cpu_threads"] == 2 == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads)

@@ -170,6 +170,7 @@ def build(spec: TrainJob, ctx: JobContext) -> Run:
     nets.check_input(model, d.input_shape, device, spec.model.arch)
     if world.rank > 0:  # dropout differs between ranks' shards; rank 0 draws what one process would
         torch.manual_seed(p.seed + world.rank)
+    torch_devices.fit_cpu_threads(model, d.x_train[:1].to(device), p.batch_size, device, applied)
     channels_last = torch_devices.use_channels_last(p.channels_last, d.input_shape, applied)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
