@@ -2,9 +2,9 @@
 horizontal flip (the spec's train.augment, app/spec.py Augment).
 
 This module owns how a batch is augmented and which augmentation each sample gets. The device does
-a few whole-batch operations (the batch's mirror image, one F.pad, one gather of every sample's crop),
-in the batch's own memory format (contiguous or channels_last) and dtype; there is no Python loop
-over samples.
+two whole-batch passes (one F.pad, one gather of every sample's flipped or unflipped crop), keeping
+the batch's memory format (contiguous or channels_last) and dtype; there is no Python loop over
+samples.
 
 The random parameters are a pure function of (seed, epoch, step, rank): a small CPU generator is
 re-seeded from them at every call, so a job resumed mid-epoch from a checkpoint draws exactly what
@@ -62,22 +62,25 @@ class BatchAugment:
         p = self.padding
         if not p and not self.flip:
             return xb
-        b, _, h, w = xb.shape
+        b, c, h, w = xb.shape
         params = self.draw(b, epoch, step)
         if xb.device.type == "cuda":  # pinned, the copy queues behind the GPU's work instead of waiting for it
             params = params.pin_memory()
         pick, top, left = params.to(xb.device, non_blocking=True)
-        # A flipped crop is a crop of the flipped image, so one gather does both: from the batch
-        # followed by its mirror image, padded once, every crop a window of it (a view, no copy).
-        source = torch.cat((xb, xb.flip(3))) if self.flip else xb
-        if p:
-            source = F.pad(source, (p, p, p, p))  # (rebound: the unpadded copy is freed now)
-        windows = source.unfold(2, h, 1).unfold(3, w, 1)  # N x C x (2p+1) x (2p+1) x H x W
-        out = windows[pick, :, top, left]
+        # Each output pixel's offset in its padded image, gathered in one pass: a flipped sample reads
+        # its crop's columns right to left.
+        flipped = pick >= b
+        left = torch.where(flipped, 2 * p - left, left)  # the crop's left edge in the unflipped image
+        rows = top[:, None] + torch.arange(h, device=xb.device)
+        cols = left[:, None] + torch.arange(w, device=xb.device)
+        cols = torch.where(flipped[:, None], cols.flip(1), cols)
+        offsets = (rows[:, :, None] * (w + 2 * p) + cols[:, None, :]).view(b, 1, h * w).expand(b, c, h * w)
+        source = F.pad(xb, (p, p, p, p)) if p else xb
+        out = source.contiguous().view(b, c, -1).gather(2, offsets).view(b, c, h, w)
         # The model may have been converted to channels_last; it gets the layout it was given.
-        layout = torch.channels_last if not xb.is_contiguous() and \
-            xb.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
-        return out.contiguous(memory_format=layout)
+        if not xb.is_contiguous() and xb.is_contiguous(memory_format=torch.channels_last):
+            return out.contiguous(memory_format=torch.channels_last)
+        return out
 
     def draw(self, b: int, epoch: int, step: int) -> Tensor:
         """This batch's parameters, on the CPU: for each sample, the row of the source to crop from
