@@ -34,8 +34,9 @@ def rate(seconds: list[float], samples: int) -> float:
     return samples * len(steady) / sum(steady)
 
 
-def run_service(svc: Service, case: str, epochs: int | None, device: str = "cpu") -> tuple[float, float]:
-    spec = {**json.loads(json.dumps(CASES[case])), "device": device}
+def run_service(svc: Service, case: str | dict, epochs: int | None, device: str = "cpu") -> tuple[float, float]:
+    """(samples/s, submit-to-succeeded seconds) of one job: a case of bench/cases.py, or a spec."""
+    spec = {**json.loads(json.dumps(CASES[case] if isinstance(case, str) else case)), "device": device}
     if epochs:
         spec["train"]["epochs"] = epochs
     t0 = time.perf_counter()

@@ -108,17 +108,15 @@ SMALL_STEP_FLOPS = 50e6
 
 
 def step_flops(model: nn.Module, sample: torch.Tensor, batch_size: int) -> int:
-    """Floating-point operations of one training step's forward and backward, counted on one sample
-    (in eval mode: no batch-norm statistics or dropout draws change) and scaled to the batch."""
+    """Floating-point operations of one training step's forward and backward, counted on a copy of the
+    model on the meta device (nothing computed, nothing of the real model touched) for one sample in
+    eval mode, and scaled to the batch."""
+    import copy
+
     from torch.utils.flop_counter import FlopCounterMode
-    was_training = model.training
-    model.eval()
-    try:
-        with FlopCounterMode(display=False) as counter:
-            model(sample[:1]).float().sum().backward()
-    finally:
-        model.zero_grad(set_to_none=True)
-        model.train(was_training)
+    shadow = copy.deepcopy(model).to("meta").eval()
+    with FlopCounterMode(display=False) as counter:
+        shadow(sample[:1].to("meta")).float().sum().backward()
     return counter.get_total_flops() * batch_size
 
 
