@@ -26,6 +26,7 @@ test: setup
 
 bench: setup
 	$(BIN)/python -m bench.train_throughput --rounds 3
+	$(BIN)/python -m bench.augment --rounds 3
 	$(BIN)/python -m bench.dispatch
 	$(BIN)/python -m bench.api
 	$(BIN)/python -m bench.run_overhead --rounds 3

@@ -119,6 +119,7 @@ def test_leaves_the_global_rng_alone():
     assert torch.equal(augment_batch(x, Augment(), seed=0, epoch=0, step=0), out)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_on_cuda_the_same_as_on_the_cpu(channels_last):
