@@ -287,3 +287,17 @@ def test_small_cpu_steps_run_on_one_thread_and_say_so(tmp_path):
         assert applied["cpu_threads"] == 2 == torch.get_num_threads()
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_model_whose_modules_are_versioned_keeps_its_best_epoch_resumes_and_reloads(tmp_path):
+    # torchvision's MNASNet refuses a state_dict without its version metadata: the best epoch's copy, the
+    # checkpoint and the artifact read back from safetensors all have to carry it.
+    spec = job(model={"arch": "mnasnet0_5"}, data_={"dataset": "fake", "image_size": [3, 32, 32], "size": 40},
+               epochs=3, batch_size=16, keep="best", checkpoint_every_s=0)
+    first = []
+    with pytest.raises(Preempted):
+        train.train(spec, make_ctx(tmp_path, first, "first", stop_after_steps=3))
+    resumed = train.train(spec, make_ctx(tmp_path, [], "second", resume_path=of_type(first, "checkpoint")[-1]["path"]))
+    assert resumed["kept"] == "best" and resumed["resumed_from_epoch"] == 1
+    model, _ = artifacts.load_model(tmp_path / "second" / "artifact", torch.device("cpu"))
+    assert type(model).__name__ == "MNASNet"

@@ -8,6 +8,7 @@ weights_only=True.
 import json
 import os
 import tempfile
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -100,8 +101,18 @@ def load_model(dir: Path, device: torch.device) -> tuple[nn.Module, dict[str, An
     """Rebuild the model from meta.json and load its safetensors weights onto device, in eval mode."""
     state, meta = load_state(dir)
     model = nets.build_model(model_spec(meta), tuple(meta["input_shape"]), meta["num_classes"])
-    model.load_state_dict(state)
+    load_weights(model, state)
     return model.to(device).eval(), meta
+
+
+def load_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """model.load_state_dict(state), strict, for a state read from safetensors or copied tensor by tensor:
+    such a state has lost the modules' version metadata, without which some modules (torchvision's
+    MNASNet) refuse to load; the model's own, which built these very modules, stands in."""
+    if getattr(state, "_metadata", None) is None:
+        state = OrderedDict(state)
+        state._metadata = model.state_dict()._metadata  # type: ignore[attr-defined]
+    model.load_state_dict(state)
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:

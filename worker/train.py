@@ -431,7 +431,7 @@ def summary(spec: TrainJob, run: Run, ctx: JobContext, at: Start, last: dict | N
     """Write the artifact (the kept epoch's weights) and return the job's result."""
     best = run.watch.best
     if best is not None:
-        run.model.load_state_dict(run.watch.best_state)
+        artifacts.load_weights(run.model, run.watch.best_state)
         last = best["metrics"]
         ctx.log(f"keeping epoch {best['epoch']}: the best {run.watch.keep_metric} ({best['value']:.4f})")
     elif last is None:  # nothing left to run (a checkpoint of a finished run): report the model as it is
