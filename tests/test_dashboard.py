@@ -92,7 +92,7 @@ def test_page_loads_clean_and_shows_the_cpu_and_its_worker(live, watched):
 def test_job_reaches_succeeded_and_its_page_plots_every_epoch(live, watched, tmp_path):
     page = watched.page
     page.goto(live.url + "/")
-    job = live.submit({**tiny_job(epochs=5), "name": "dash-iris"})
+    job = live.submit({**tiny_job(epochs=5, lr_schedule={"name": "linear"}), "name": "dash-iris"})
     row = page.get_by_test_id(f"job-row-{job['id']}")
     expect(row).to_contain_text("dash-iris")
     expect(state_cell(page, job["id"])).to_have_text("succeeded", timeout=60_000)
@@ -108,6 +108,11 @@ def test_job_reaches_succeeded_and_its_page_plots_every_epoch(live, watched, tmp
         expect(loss.locator(f"[data-series={series}]")).to_have_attribute("data-points", "5")
         expect(loss.locator(f"[data-series={series}] circle")).to_have_count(5)
     expect(page.get_by_test_id("accuracy-chart")).to_have_attribute("data-points", "5")
+    lr = page.get_by_test_id("lr-chart").locator("[data-series=lr]")
+    expect(lr).to_have_attribute("data-points", "5")
+    # Linear decay from train.lr (0.001) to 0 over 5 x 4 steps; each epoch shows its last step's.
+    expect(lr.locator("circle title").first).to_have_text("epoch 1: lr 0.000842")
+    expect(lr.locator("circle title").last).to_have_text("epoch 5: lr 0")
     expect(page.get_by_test_id("job-spec")).to_contain_text('"epochs": 5')
     expect(page.get_by_test_id("job-result")).to_contain_text("val_accuracy")
     expect(page.get_by_test_id("job-log")).to_contain_text("epoch 5/5")
@@ -138,6 +143,7 @@ def test_a_run_job_has_its_entrypoint_curves_and_own_metric_names(live, watched)
     for chart, series in ((loss, "loss"), (loss, "recon_loss"), (acc, "top5_accuracy")):
         expect(chart.locator(f"[data-series={series}]")).to_have_attribute("data-points", "3")
     expect(loss.locator("[data-series=lr]")).to_have_count(0)
+    expect(page.get_by_test_id("lr-chart").locator("[data-series=lr]")).to_have_attribute("data-points", "3")
     assert watched.errors == []
 
 def test_cancel_then_retry_from_the_page(live, watched):

@@ -520,6 +520,7 @@
     $("job-error-panel").hidden = true;
     $("loss-chart-box").replaceChildren(lossChart([], null));
     $("acc-chart-box").replaceChildren(accuracyChart([], null));
+    $("lr-panel").hidden = true;
   }
 
   function facts(dl, pairs) {
@@ -626,6 +627,10 @@
       const empty = TERMINAL.has(job.state) ? "no epochs recorded" : "no epochs yet";
       $("loss-chart-box").replaceChildren(lossChart(metrics, total, empty));
       $("acc-chart-box").replaceChildren(accuracyChart(metrics, total, empty));
+      // train jobs report the lr of each epoch (train.lr_schedule); a run job may report its own
+      const lr = perEpoch(metrics, "lr");
+      $("lr-panel").hidden = !lr.length;
+      if (lr.length) $("lr-chart-box").replaceChildren(lrChart(lr, total));
     }
     if (log !== null) {
       jobView.logKey = key;
@@ -731,6 +736,14 @@
           { key, label: key.replace(/_/g, " "), cls: "s-other", points: perEpoch(metrics, key) })),
       ],
       yFormat: (v, precise) => (precise ? fmtLoss(v) : Number(v.toPrecision(3)).toString()),
+    });
+  }
+
+  function lrChart(points, totalEpochs) {
+    return lineChart({
+      testid: "lr-chart", title: "Learning rate per epoch", totalEpochs,
+      series: [{ key: "lr", label: "lr", cls: "s-train", points }],
+      yFormat: (v) => Number(v.toPrecision(3)).toString(),
     });
   }
 
