@@ -1,5 +1,7 @@
 """The real service for integration tests: app.launcher's Service with test timings, on a free port."""
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from trainyard.app import launcher
 from trainyard.app.client import TERMINAL  # noqa: F401 - re-exported for the tests
@@ -16,3 +18,18 @@ class Service(launcher.Service):
         base = launcher.Service.isolated(data_dir, database_url, {**FAST_ENV, **(env or {})})
         super().__init__(base.env, base.port, log_dir=data_dir)
         self.backend = "postgres" if database_url.startswith("postgresql") else "sqlite"
+
+
+@contextmanager
+def serving(data_dir: Path, workers: int = 1, env: dict | None = None,
+            worker_env: dict | None = None) -> Iterator[Service]:
+    """A server on data_dir and `workers` CPU workers, all stopped on leaving, whatever happened (a module's
+    shared service: `with serving(tmp_path_factory.mktemp(name) / "data") as svc: yield svc`)."""
+    svc = Service(data_dir, env=env)
+    try:
+        svc.start_server()
+        for _ in range(workers):
+            svc.start_worker("cpu", env=worker_env)
+        yield svc
+    finally:
+        svc.stop()

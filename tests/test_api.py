@@ -8,16 +8,15 @@ import httpx
 import pytest
 
 from tests.conftest import IRIS_JOB, tiny_job
-from tests.service import Service
+from tests.service import Service, serving
 
 pytestmark = pytest.mark.slow  # starts the real server and workers
 
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    svc = Service(tmp_path_factory.mktemp("api") / "data").start_server()
-    yield svc
-    svc.stop()
+    with serving(tmp_path_factory.mktemp("api") / "data", workers=0) as svc:
+        yield svc
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.conftest import slow_job, tiny_job
-from tests.service import Service
+from tests.service import Service, serving
 
 sync_api = pytest.importorskip("playwright.sync_api")
 expect = sync_api.expect
@@ -25,12 +25,8 @@ pytestmark = [pytest.mark.slow,
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    svc = Service(tmp_path_factory.mktemp("dashboard") / "data").start_server()
-    try:
-        svc.start_worker("cpu")
+    with serving(tmp_path_factory.mktemp("dashboard") / "data") as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_job
-from tests.service import ROOT, Service
+from tests.service import ROOT, Service, serving
 from tests.test_readme import run_block
 
 pytestmark = pytest.mark.slow  # starts the real server and a worker, trains, exports in subprocesses
@@ -31,10 +31,8 @@ DIGITS_ROWS = np.random.default_rng(1).integers(0, 17, size=(4, 64)).tolist()
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    svc = Service(tmp_path_factory.mktemp("export") / "data").start_server()
-    svc.start_worker("cpu")
-    yield svc
-    svc.stop()
+    with serving(tmp_path_factory.mktemp("export") / "data") as svc:
+        yield svc
 
 
 @pytest.fixture(scope="module")

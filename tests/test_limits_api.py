@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from tests.conftest import tiny_job
-from tests.service import Service
+from tests.service import Service, serving
 
 pytestmark = pytest.mark.slow
 MiB = 1 << 20
@@ -36,10 +36,8 @@ def reset_peak(pid: int) -> None:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    svc = Service(tmp_path_factory.mktemp("limits") / "data").start_server()
-    svc.start_worker("cpu")
-    yield svc
-    svc.stop()
+    with serving(tmp_path_factory.mktemp("limits") / "data") as svc:
+        yield svc
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 
 from bench.limits import csv_long_label, csv_wide, disk, npz_zeros, zip_entries, zip_inflating
 from tests.conftest import tiny_job
-from tests.service import Service
+from tests.service import Service, serving
 from tests.test_limits_api import peak_rss, reset_peak
 from tests.test_uploads import iris_csv
 from trainyard.app import errors, uploads
@@ -26,10 +26,9 @@ SMALL = 40 * MiB
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    svc = Service(tmp_path_factory.mktemp("upload-limits") / "data", env={"TRAINYARD_MAX_UPLOADS": "3"})
-    svc.start_server()
-    yield svc
-    svc.stop()
+    with serving(tmp_path_factory.mktemp("upload-limits") / "data", workers=0,
+                 env={"TRAINYARD_MAX_UPLOADS": "3"}) as svc:
+        yield svc
 
 
 def post(live, name: str, content: bytes, **form):

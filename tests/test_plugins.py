@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.conftest import IRIS_JOB, tiny_job
-from tests.service import Service
+from tests.service import Service, serving
 from tests.test_reliability import alive, job_pids
 from trainyard import APIError, Client
 
@@ -22,10 +22,8 @@ def cifar(epochs: int, **config) -> dict:
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    svc = Service(tmp_path_factory.mktemp("plugins") / "data").start_server()
-    svc.start_worker("cpu")
-    yield svc
-    svc.stop()
+    with serving(tmp_path_factory.mktemp("plugins") / "data") as svc:
+        yield svc
 
 
 def metrics(svc, job_id) -> list[dict]:

@@ -10,7 +10,7 @@ import torchvision
 from pydantic import ValidationError
 
 from tests.conftest import tiny_job
-from tests.service import ROOT, Service
+from tests.service import ROOT, serving
 from trainyard.app.spec import ALL_ARCHS, ModelSpec, catalog, parse_spec
 from trainyard.worker import nets, starting, train
 from trainyard.worker.context import JobContext, JobError, Preempted
@@ -196,10 +196,9 @@ def torch_home(tmp_path_factory):
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, torch_home):
     """One service for the module: a server and a worker whose torch.hub cache is torch_home."""
-    svc = Service(tmp_path_factory.mktemp("starting") / "data").start_server()
-    svc.start_worker("cpu", env={"TORCH_HOME": str(torch_home), **OFFLINE})
-    yield svc
-    svc.stop()
+    with serving(tmp_path_factory.mktemp("starting") / "data",
+                 worker_env={"TORCH_HOME": str(torch_home), **OFFLINE}) as svc:
+        yield svc
 
 
 def artifact(live, job: dict) -> dict[str, torch.Tensor]:

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import IRIS_JOB
-from tests.service import ROOT, Service
+from tests.service import ROOT, serving
 from trainyard.app import errors, uploads
 
 pytestmark = pytest.mark.slow  # starts the real server and workers
@@ -19,12 +19,9 @@ MAX_BYTES, MAX_FILES = 256 << 10, 100  # small limits so that the limit cases st
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    svc = Service(tmp_path_factory.mktemp("uploads") / "data",
-                  env={"TRAINYARD_MAX_UPLOAD_BYTES": str(MAX_BYTES), "TRAINYARD_MAX_UPLOAD_FILES": str(MAX_FILES)})
-    svc.start_server()
-    svc.start_worker("cpu")
-    yield svc
-    svc.stop()
+    with serving(tmp_path_factory.mktemp("uploads") / "data",
+                 env={"TRAINYARD_MAX_UPLOAD_BYTES": str(MAX_BYTES), "TRAINYARD_MAX_UPLOAD_FILES": str(MAX_FILES)}) as svc:
+        yield svc
 
 
 def upload(live, name: str, content: bytes, **form) -> dict:
