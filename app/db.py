@@ -78,6 +78,9 @@ jobs = Table(
     Column("result", JSON),
     Column("error", JSON),
     Column("errors", JSON),
+    # A sweep's trial: the sweep's id, and {"id", "trial", "params"} (its number and the values it tries).
+    Column("sweep_id", Integer, index=True),
+    Column("sweep", JSON),
     Index("ix_jobs_claim_order", "state", "priority", "id"),
     # Idle workers ask often whether anything fits their device: answer without scanning the queue.
     Index("ix_jobs_queued_device", "state", "device_req"),
@@ -111,6 +114,35 @@ workers = Table(
     # lent_claim (its device is one of that job's ranks). Stale values mean nothing, so no release is needed.
     Column("lent_to", Integer),
     Column("lent_claim", Integer),
+)
+
+
+# A search over a job's fields (app/sweeps.py, app/search.py). Its trials are jobs (jobs.sweep_id).
+sweeps = Table(
+    "sweeps", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(200)),
+    Column("state", String(16), nullable=False, index=True),
+    Column("spec", JSON, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("finished_at", Float),
+    Column("error", Text),
+    Column("trial_count", Integer, nullable=False, default=0),  # trials made so far
+    # The server process that advances the sweep holds it until driver_until (database clock), as a
+    # worker holds a job's lease: one driver at a time even when several hosts' servers run.
+    Column("driver", String(200)),
+    Column("driver_until", Float),
+)
+
+# The sweep's Optuna study, as the log of Optuna's JournalStorage (app/search.py): replaying it
+# rebuilds the study in any process, so a sweep outlives the server that started it.
+sweep_log = Table(
+    "sweep_log", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("sweep_id", Integer, ForeignKey("sweeps.id", ondelete="CASCADE"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("entry", JSON, nullable=False),
+    UniqueConstraint("sweep_id", "seq", name="uq_sweep_log_seq"),
 )
 
 

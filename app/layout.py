@@ -68,6 +68,11 @@ class Layout:
         """Held by the one server process of this host that runs the lease reaper (serve --workers N)."""
         return self.root / "housekeeping.lock"
 
+    @property
+    def sweeps_lock(self) -> Path:
+        """Held by the one server process of this host that advances sweeps (app/search.py)."""
+        return self.root / "sweeps.lock"
+
     def log(self, job_id: int) -> Path:
         return self.root / "logs" / f"{job_id}.log"
 

@@ -27,24 +27,13 @@ def enqueue(engine: Engine, spec: TrainJob | PredictJob | RunJob, idempotency_ke
             parameters: int | None = None, needs: dict[str, str] | None = None) -> tuple[Job, bool]:
     """Insert a queued job. Returns (job, created); the same idempotency key and body give the same job."""
     body = spec.model_dump(mode="json")
-    values = dict(
-        kind=spec.kind, name=spec.name, state=QUEUED, spec=body, device_req=spec.device,
-        priority=spec.priority, max_attempts=spec.max_attempts, timeout_s=spec.timeout_s,
-        idempotency_key=idempotency_key, attempt=0, claim=0, created_at=db_now(), errors=[],
-        epoch=0 if spec.kind == "train" else None,
-        epochs=spec.train.epochs if spec.kind == "train" else getattr(spec, "epochs", None), parameters=parameters,
-        need_gpu_memory=spec.gpu_memory_bytes, devices=spec.device_count,
-        **{f"need_{kind[:-1]}": name for kind, name in (needs or {}).items()},
-    )
     try:
         with write(engine) as conn:
             if idempotency_key is not None:
                 existing = conn.execute(select(jobs).where(jobs.c.idempotency_key == idempotency_key)).first()
                 if existing is not None:
                     return _same_key(existing, body), False
-            created = Job.from_row(conn.execute(insert(jobs).values(**values).returning(jobs)).one())
-            wakeup.notify(conn)
-            return created, True
+            return insert_job(conn, spec, idempotency_key, parameters, needs), True
     except IntegrityError:
         # Two requests raced with one key (PostgreSQL): the other one inserted first.
         with read(engine) as conn:
@@ -52,6 +41,25 @@ def enqueue(engine: Engine, spec: TrainJob | PredictJob | RunJob, idempotency_ke
         if existing is None:
             raise
         return _same_key(existing, body), False
+
+
+def insert_job(conn, spec: TrainJob | PredictJob | RunJob, idempotency_key: str | None = None,
+               parameters: int | None = None, needs: dict[str, str] | None = None,
+               sweep: dict | None = None) -> Job:
+    """Insert a queued job inside the caller's write transaction (a sweep's trial: sweep {"id", "trial", "params"})."""
+    values = dict(
+        kind=spec.kind, name=spec.name, state=QUEUED, spec=spec.model_dump(mode="json"), device_req=spec.device,
+        priority=spec.priority, max_attempts=spec.max_attempts, timeout_s=spec.timeout_s,
+        idempotency_key=idempotency_key, attempt=0, claim=0, created_at=db_now(), errors=[],
+        epoch=0 if spec.kind == "train" else None,
+        epochs=spec.train.epochs if spec.kind == "train" else getattr(spec, "epochs", None), parameters=parameters,
+        need_gpu_memory=spec.gpu_memory_bytes, devices=spec.device_count,
+        sweep_id=sweep["id"] if sweep else None, sweep=sweep,
+        **{f"need_{kind[:-1]}": name for kind, name in (needs or {}).items()},
+    )
+    created = Job.from_row(conn.execute(insert(jobs).values(**values).returning(jobs)).one())
+    wakeup.notify(conn)
+    return created
 
 
 def _same_key(existing, body: dict) -> Job:
@@ -78,9 +86,10 @@ def get_job(engine: Engine, job_id: int) -> Job:
 
 
 def list_jobs(engine: Engine, state: str | None = None, kind: str | None = None,
-              limit: int = 50, offset: int = 0, leave_out: tuple[str, ...] = ()) -> tuple[list[Job], int]:
+              limit: int = 50, offset: int = 0, leave_out: tuple[str, ...] = (),
+              sweep_id: int | None = None) -> tuple[list[Job], int]:
     """A page of jobs, newest first, and how many match. Columns in leave_out are not read (None in the records)."""
-    conds = []
+    conds = [] if sweep_id is None else [jobs.c.sweep_id == sweep_id]
     if state:
         conds.append(jobs.c.state == state)
     if kind:
@@ -120,6 +129,28 @@ def cancel(engine: Engine, job_id: int) -> Job:
             .returning(jobs)).one()
         wakeup.notify(conn)  # a queued job's cancel can unblock the line behind it
     return Job.from_row(new)
+
+
+def stop(engine: Engine, job_ids: list[int], error: dict, states: tuple[str, ...] = (QUEUED, RUNNING),
+         final: str = CANCELLED) -> list[int]:
+    """End each job still in one of `states` with `error` (a sweep cancelling its trials, pruning one):
+    one guarded UPDATE per job, so a job that has just ended keeps its own ending. The jobs' workers see
+    their fence fail and stop the processes (within FENCE_CHECK_S plus the kill grace); the metrics
+    recorded so far stay. Returns the ids it ended."""
+    ended = []
+    with write(engine) as conn:
+        rows = conn.execute(select(jobs.c.id, jobs.c.state, jobs.c.errors, jobs.c.attempt)
+                            .where(jobs.c.id.in_(job_ids), jobs.c.state.in_(states))).all()
+        for row in rows:
+            res = conn.execute(
+                update(jobs).where(jobs.c.id == row.id, jobs.c.state == row.state)
+                .values(state=final, finished_at=db_now(), lease_expires_at=None, error=error,
+                        errors=[*(row.errors or []), {**error, "attempt": row.attempt}]))
+            if res.rowcount == 1:
+                ended.append(row.id)
+        if ended:
+            wakeup.notify(conn)
+    return ended
 
 
 def retry(engine: Engine, job_id: int) -> Job:

@@ -46,6 +46,8 @@ class Job:
     result: dict[str, Any] | None
     error: dict[str, Any] | None
     errors: list[dict[str, Any]]
+    sweep_id: int | None = None  # a sweep's trial: the sweep, and {"id", "trial", "params"}
+    sweep: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row) -> "Job":

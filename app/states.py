@@ -24,6 +24,7 @@ class Failure(str, Enum):
     CRASHED = "crashed"                # the job process died by a signal or exited without a word
     TIMEOUT = "timeout"                # past the job's timeout_s
     CANCELLED = "cancelled"            # by request
+    PRUNED = "pruned"                  # a sweep's trial stopped early for doing worse than the others
 
     def __str__(self) -> str:
         return self.value

@@ -1,4 +1,4 @@
-"""The HTTP server: app factory, request guard, error mapping and the lease reaper."""
+"""The HTTP server: app factory, request guard, error mapping, the lease reaper and the sweeps' driver."""
 import fcntl
 import logging
 import os
@@ -8,12 +8,12 @@ from pathlib import Path
 
 from fastapi import Depends, FastAPI
 
-from trainyard.app import __version__, metrics, queue, schema
+from trainyard.app import __version__, metrics, queue, schema, search
 from trainyard.app.api import errors
 from trainyard.app.api.deps import require_token
 from trainyard.app.api.guard import RequestGuard
 from trainyard.app.api.reads import LoopReader
-from trainyard.app.api.routes import dashboard, datasets, jobs, system
+from trainyard.app.api.routes import dashboard, datasets, jobs, sweeps, system
 from trainyard.app.api.schemas import UNAUTHORIZED
 from trainyard.app.db import make_engine
 from trainyard.app.settings import Settings, get_settings
@@ -36,9 +36,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         reaper = threading.Thread(target=_reap, args=(engine, settings.lease_s / 3, stop,
                                                       settings.layout.housekeeping_lock), daemon=True)
         reaper.start()
+        # Sweeps advance in one server process per host (the holder of the sweeps lock), like the reaper.
+        app.state.searcher = search.Searcher(engine, settings)
+        searching = threading.Thread(target=app.state.searcher.run, args=(stop, settings.layout.sweeps_lock),
+                                     daemon=True, name="sweeps")
+        searching.start()
         yield
         stop.set()
+        app.state.searcher.wake.set()
         reaper.join(timeout=5)
+        searching.join(timeout=5)
         app.state.reader.dispose()
         engine.dispose()
 
@@ -50,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        allowed_origins=settings.allowed_origin_list)
     auth = [Depends(require_token)]
     app.include_router(jobs.router, dependencies=auth, responses=UNAUTHORIZED)
+    app.include_router(sweeps.router, dependencies=auth, responses=UNAUTHORIZED)
     app.include_router(datasets.make_router(settings), dependencies=auth, responses=UNAUTHORIZED)
     app.include_router(system.router, dependencies=auth, responses=UNAUTHORIZED)
     app.include_router(system.health_router)

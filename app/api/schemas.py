@@ -1,11 +1,14 @@
-"""Wire types of the REST API (apart from the tables): JobPublic, JobsPublic, MetricPublic, WorkerPublic."""
+"""Wire types of the REST API (apart from the tables): JobPublic, JobsPublic, MetricPublic, WorkerPublic,
+SweepPublic, TrialPublic."""
 from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from trainyard.app.records import Job
+from trainyard.app.spec import SweepSpec
 from trainyard.app.states import JobState
+from trainyard.app.sweeps import best_trial, counts, failure, trial_value
 
 # Result keys that can be large. They live in a file beside the job's run (GET /jobs/{id}/result);
 # rows written before that held them inline, and still show only a count.
@@ -48,6 +51,8 @@ class JobSummary(BaseModel):
     error: dict[str, Any] | None = Field(description="the latest error, without its traceback")
     waiting_for: str | None = Field(None, description="a queued job no live worker can take: why (no worker for its "
                                                       "device, plugin or GPU memory); null while it only waits its turn")
+    sweep: dict[str, Any] | None = Field(None, description="a sweep's trial: {id, trial, params} (the sweep, the "
+                                                          "trial's number, the values it tries)")
 
 
 # The parts of a job a list page leaves out unless asked (GET /jobs?include=spec,errors,result): they are
@@ -70,7 +75,7 @@ def job_fields(job: Job, waiting_for: str | None, include: tuple[str, ...] = HEA
         progress={"epoch": job.epoch, "epochs": job.epochs},
         latest_metrics=job.latest_metrics, peak_memory_allocated=job.peak_memory_allocated,
         peak_memory_reserved=job.peak_memory_reserved, checkpoint_epoch=job.checkpoint_epoch,
-        parameters=job.parameters, error=error, waiting_for=waiting_for)
+        parameters=job.parameters, error=error, waiting_for=waiting_for, sweep=job.sweep)
     if "spec" in include:
         out["spec"] = job.spec
     if "errors" in include:
@@ -157,3 +162,67 @@ class WorkerPublic(BaseModel):
     draining: bool = Field(False, description="finishing what it runs, claiming nothing more "
                                               "(POST /workers/{id}/drain, /undrain)")
 
+
+
+class TrialPublic(BaseModel):
+    """A sweep's trial: its job, the values it tries, and its metric."""
+    trial: int = Field(description="the trial's number in its sweep, from 0")
+    job_id: int
+    state: JobState = Field(description="its job's state")
+    failure: str | None = Field(description="its job's error class when it failed: pruned, job, oom...")
+    params: dict[str, Any] = Field(description="dotted path -> the value this trial tries")
+    value: float | None = Field(description="the sweep's metric: a succeeded trial's final (kept epoch's) value, "
+                                            "otherwise the latest reported")
+    epoch: int | None
+    epochs: int | None
+    best: bool = Field(description="the sweep's best trial so far")
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class SweepPublic(BaseModel):
+    id: int
+    name: str | None
+    state: str = Field(description="running, succeeded, failed or cancelled")
+    method: str
+    metric: str
+    direction: str
+    max_trials: int
+    max_concurrent: int
+    trial_count: int = Field(description="trials made so far")
+    counts: dict[str, int] = Field(description="trials by state: queued, running, succeeded, pruned, failed, cancelled")
+    best: dict[str, Any] | None = Field(description="the best succeeded trial so far: {trial, job_id, params, value}")
+    created_at: datetime
+    finished_at: datetime | None
+    error: str | None = Field(description="why the sweep failed or ended")
+    spec: dict[str, Any]
+    trials: list[TrialPublic] | None = Field(None, description="every trial (GET /sweeps/{id}); null in list items")
+
+
+class SweepsPublic(BaseModel):
+    data: list[SweepPublic]
+    count: int
+    limit: int
+    offset: int
+
+
+def trial_fields(job: Job, metric: str, best: Job | None) -> dict[str, Any]:
+    return dict(trial=job.sweep["trial"], job_id=job.id, state=job.state, failure=failure(job),
+                params=job.sweep["params"], value=trial_value(job, metric), epoch=job.epoch, epochs=job.epochs,
+                best=best is not None and best.id == job.id, created_at=ts(job.created_at),
+                started_at=ts(job.started_at), finished_at=ts(job.finished_at))
+
+
+def sweep_fields(row: dict, found: list[Job], with_trials: bool = True) -> dict[str, Any]:
+    spec = row["spec"]
+    parsed = SweepSpec.model_validate(spec)
+    best = best_trial(spec, found)
+    return dict(
+        id=row["id"], name=row["name"], state=row["state"], method=parsed.method, metric=parsed.metric,
+        direction=parsed.goal, max_trials=parsed.trials, max_concurrent=parsed.max_concurrent,
+        trial_count=max(row["trial_count"], len(found)), counts=counts(found),
+        best=None if best is None else {"trial": best.sweep["trial"], "job_id": best.id, "params": best.sweep["params"],
+                                        "value": trial_value(best, parsed.metric)},
+        created_at=ts(row["created_at"]), finished_at=ts(row["finished_at"]), error=row["error"], spec=spec,
+        trials=[trial_fields(j, parsed.metric, best) for j in found] if with_trials else None)

@@ -54,6 +54,7 @@ async def list_jobs(settings: SettingsDep, reader: ReaderDep,
                     kind: Annotated[Literal[JOB_KINDS] | None, Query()] = None,  # type: ignore[valid-type]
                     limit: Annotated[int, Query(ge=1, le=500)] = 50,
                     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+                    sweep: Annotated[int | None, Query(ge=1, le=MAX_ID, description="a sweep's trials")] = None,
                     include: Annotated[str | None, Query(
                         pattern=INCLUDE_PATTERN, max_length=40, examples=["spec,result"],
                         description="comma-separated: spec, errors, result (left out of list items by default)")] = None,
@@ -64,7 +65,7 @@ async def list_jobs(settings: SettingsDep, reader: ReaderDep,
 
     def read(engine):
         rows, count = queue.list_jobs(engine, state, kind, limit, offset,
-                                      leave_out=tuple(h for h in HEAVY if h not in wanted))
+                                      leave_out=tuple(h for h in HEAVY if h not in wanted), sweep_id=sweep)
         return rows, count, admission.why_waiting(engine, settings, rows)
     rows, count, waiting = await reader.run(read)
     return as_json({"data": [job_fields(r, waiting.get(r.id), wanted) for r in rows], "count": count,

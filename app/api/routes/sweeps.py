@@ -1,0 +1,115 @@
+"""Routes for sweeps: submit, list, read, trials, curves, events, cancel."""
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from fastapi import Path as PathParam
+from fastapi.concurrency import run_in_threadpool
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from trainyard.app import sweeps
+from trainyard.app.api.deps import EngineDep, SettingsDep
+from trainyard.app.api.routes.jobs import as_json
+from trainyard.app.api.schemas import SweepPublic, SweepsPublic, TrialPublic, responses, sweep_fields
+from trainyard.app.spec import MAX_ID, TRAIN_EXAMPLE, SweepSpec
+from trainyard.app.states import JobState
+
+router = APIRouter(prefix="/sweeps", tags=["sweeps"])
+SweepId = Annotated[int, PathParam(ge=1, le=MAX_ID)]
+NOT_FOUND = responses(not_found="no such sweep")
+EVENTS_POLL_S = 0.5
+
+EXAMPLE = {
+    "name": "iris-lr", "job": {**TRAIN_EXAMPLE, "train": {**TRAIN_EXAMPLE["train"], "epochs": 30}},
+    "parameters": {"train.lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True},
+                   "model.hidden": {"type": "choice", "values": [[8], [16, 16], [32]]}},
+    "method": "tpe", "metric": "val_loss", "max_trials": 12, "max_concurrent": 2, "startup_trials": 4,
+    "pruner": {"type": "median", "startup_trials": 3, "warmup_epochs": 5},
+}
+
+
+def _sweep(engine, sweep_id: int, with_trials: bool = True) -> dict:
+    row = sweeps.get(engine, sweep_id)
+    return sweep_fields(row, sweeps.trials(engine, [sweep_id])[sweep_id], with_trials)
+
+
+@router.post("", status_code=201, response_model=SweepPublic)
+async def submit_sweep(spec: Annotated[SweepSpec, Body(openapi_examples={"tpe": {"summary": "TPE over lr and "
+                                                                         "hidden sizes, median pruning",
+                                                                         "value": EXAMPLE}})],
+                       engine: EngineDep, settings: SettingsDep, request: Request) -> Response:
+    """Start a sweep: its trials are jobs of the base job with the searched fields set (the first within
+    a second). Bad paths, ranges on fields that are not numbers, values the job spec refuses and a grid
+    larger than max_trials are refused with 422 naming the field."""
+    row = await run_in_threadpool(sweeps.create, engine, settings, spec)
+    searcher = getattr(request.app.state, "searcher", None)
+    if searcher is not None:
+        searcher.wake.set()  # this process may be the one that drives sweeps: start the trials now
+    return as_json(sweep_fields(row, []), 201)
+
+
+@router.get("", response_model=SweepsPublic)
+def list_sweeps(engine: EngineDep, state: Annotated[str | None, Query(pattern=f"^({'|'.join(sweeps.SWEEP_STATES)})$")]
+                = None, limit: Annotated[int, Query(ge=1, le=500)] = 50,
+                offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> Response:
+    """Sweeps, newest first (without their trials: GET /sweeps/{id} has them)."""
+    rows, count = sweeps.page(engine, state, limit, offset)
+    found = sweeps.trials(engine, [r["id"] for r in rows])
+    return as_json({"data": [sweep_fields(r, found[r["id"]], with_trials=False) for r in rows], "count": count,
+                    "limit": limit, "offset": offset})
+
+
+@router.get("/{sweep_id}", response_model=SweepPublic, responses=NOT_FOUND)
+def get_sweep(sweep_id: SweepId, engine: EngineDep) -> Response:
+    """State, counts by state, the best trial so far, and every trial's values and metric."""
+    return as_json(_sweep(engine, sweep_id))
+
+
+@router.get("/{sweep_id}/trials", response_model=list[TrialPublic], responses=NOT_FOUND)
+def sweep_trials(sweep_id: SweepId, engine: EngineDep) -> Response:
+    return as_json(_sweep(engine, sweep_id)["trials"])
+
+
+@router.get("/{sweep_id}/curves", responses=NOT_FOUND)
+def sweep_curves(sweep_id: SweepId, engine: EngineDep) -> Response:
+    """Every trial's metric per epoch ([epoch, value] points), for one chart."""
+    return as_json(sweeps.curves(engine, sweep_id))
+
+
+@router.post("/{sweep_id}/cancel", response_model=SweepPublic,
+             responses={**NOT_FOUND, **responses(conflict="the sweep has ended")})
+def cancel_sweep(sweep_id: SweepId, engine: EngineDep) -> Response:
+    """End the sweep and cancel its queued and running trials (stopped within 2 s); finished trials stay."""
+    sweeps.cancel(engine, sweep_id)
+    return as_json(_sweep(engine, sweep_id))
+
+
+async def existing_sweep(sweep_id: SweepId, engine: EngineDep) -> dict:
+    return await run_in_threadpool(sweeps.get, engine, sweep_id)
+
+
+@router.get("/{sweep_id}/events", response_class=EventSourceResponse,
+            responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}, **NOT_FOUND})
+async def sweep_events(row: Annotated[dict, Depends(existing_sweep)], engine: EngineDep,
+                       request: Request) -> AsyncIterator[ServerSentEvent]:
+    """Server-Sent Events: `sweep` (the sweep without its trials) whenever it changes, `trial` whenever a
+    trial's state, epoch or metric changes, then `end` when the sweep ends."""
+    sent_sweep, sent_trials = None, {}
+    while not await request.is_disconnected():
+        now = await run_in_threadpool(_sweep, engine, row["id"])
+        trials = now.pop("trials")
+        for t in trials:
+            seen = (t["state"], t["failure"], t["epoch"], t["value"], t["best"])
+            if sent_trials.get(t["trial"]) != seen:
+                sent_trials[t["trial"]] = seen
+                yield ServerSentEvent(event="trial", data=t)
+        summary = {k: v for k, v in now.items() if k not in ("spec",)}
+        if summary != sent_sweep:
+            sent_sweep = summary
+            yield ServerSentEvent(event="sweep", data={**now, "trials": None})
+        if now["state"] != sweeps.RUNNING and not any(t["state"] in (JobState.QUEUED, JobState.RUNNING)
+                                                      for t in trials):
+            yield ServerSentEvent(event="end", data={"id": now["id"], "state": now["state"]})
+            return
+        await asyncio.sleep(EVENTS_POLL_S)
