@@ -1,4 +1,4 @@
-"""Prometheus metrics: the queue, the workers and the devices, read fresh at every scrape.
+"""Prometheus metrics: the queue, sweeps, the workers and the devices, read fresh at every scrape.
 
 Nothing is counted in the server's memory: with several servers (or a restart) the numbers come
 from the shared database, so every scrape of any server tells the same story.
@@ -11,9 +11,10 @@ from sqlalchemy import case, func, select
 from sqlalchemy.engine import Engine
 
 from trainyard.app import hardware
-from trainyard.app.db import jobs, read
+from trainyard.app.db import jobs, read, sweeps
 from trainyard.app.spec import JOB_KINDS
-from trainyard.app.states import JobState
+from trainyard.app.states import Failure, JobState
+from trainyard.app.sweeps import COUNT_KEYS, SWEEP_STATES
 
 DURATION_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
 
@@ -32,7 +33,17 @@ def stats(engine: Engine, buckets: tuple[float, ...]) -> dict[str, Any]:
         ).where(finished).group_by(jobs.c.kind)).all()
         running = conn.execute(select(jobs.c.id, jobs.c.kind, jobs.c.device, jobs.c.latest_metrics)
                                .where(jobs.c.state == JobState.RUNNING)).all()
+        sweep_states = conn.execute(select(sweeps.c.state, func.count()).group_by(sweeps.c.state)).all()
+        trials = conn.execute(select(jobs.c.state, func.count()).where(jobs.c.sweep_id.is_not(None))
+                              .group_by(jobs.c.state)).all()
+        failed_trials = conn.execute(select(jobs.c.error).where(jobs.c.sweep_id.is_not(None),
+                                                                jobs.c.state == JobState.FAILED)).scalars().all()
+    trial_counts = dict.fromkeys(COUNT_KEYS, 0) | {s: n for s, n in trials}
+    trial_counts["pruned"] = sum((e or {}).get("class") == Failure.PRUNED for e in failed_trials)
+    trial_counts[JobState.FAILED.value] -= trial_counts["pruned"]
     return {
+        "sweeps": {s: n for s, n in sweep_states},
+        "trials": trial_counts,
         "by_state": {(k, s): n for k, s, n in by_state},
         "durations": {row[0]: {"count": row[1], "sum": float(row[2]), "buckets": [int(v or 0) for v in row[3:]]}
                       for row in hist},
@@ -71,6 +82,16 @@ class _Collector:
             if r["samples_per_s"] is not None:
                 speed.add_metric([str(r["id"]), r["device"] or ""], r["samples_per_s"])
         yield speed
+
+        swept = GaugeMetricFamily("trainyard_sweeps", "Sweeps by state", labels=["state"])
+        for state in SWEEP_STATES:
+            swept.add_metric([state], st["sweeps"].get(state, 0))
+        yield swept
+        trials = GaugeMetricFamily("trainyard_sweep_trials", "Sweeps' trials by state (pruned apart from failed)",
+                                   labels=["state"])
+        for state, n in st["trials"].items():
+            trials.add_metric([state], n)
+        yield trials
 
         payload = hardware.snapshot(self.engine, self.stale_after_s, self.node)
         alive = GaugeMetricFamily("trainyard_workers_alive", "Workers with a recent heartbeat", labels=["host", "device"])

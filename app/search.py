@@ -103,7 +103,8 @@ def sampler(spec: SweepSpec, made: int) -> optuna.samplers.BaseSampler:
     after a restart draws what an uninterrupted one would have, given the same results."""
     seed = (spec.seed * 1_000_003 + made) % 2**32
     if spec.method == "grid":
-        return optuna.samplers.GridSampler({p: d.choices for p, d in distributions(spec).items()}, seed=seed)
+        # Its seed shuffles the grid, whose ids its trials hold: the same seed for every instance.
+        return optuna.samplers.GridSampler({p: d.choices for p, d in distributions(spec).items()}, seed=spec.seed)
     if spec.method == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     with warnings.catch_warnings():
@@ -117,7 +118,9 @@ def pruner(spec: SweepSpec) -> optuna.pruners.BasePruner:
     if p is None:
         return optuna.pruners.NopPruner()
     if p.type == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=p.startup_trials, n_warmup_steps=p.warmup_epochs,
+        # Steps are 1-based epochs and Optuna prunes from step n_warmup_steps on: no decision until
+        # warmup_epochs have ended.
+        return optuna.pruners.MedianPruner(n_startup_trials=p.startup_trials, n_warmup_steps=p.warmup_epochs + 1,
                                            interval_steps=p.interval_epochs)
     return optuna.pruners.SuccessiveHalvingPruner(min_resource=p.min_epochs, reduction_factor=p.reduction_factor)
 

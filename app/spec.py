@@ -533,7 +533,7 @@ class MedianPruner(_Strict):
     """Stop a trial whose metric at an epoch is worse than the median of earlier trials' at that epoch."""
     type: Literal["median"]
     startup_trials: int = Field(3, ge=0, le=MAX_SWEEP_TRIALS, description="trials that end before any is pruned")
-    warmup_epochs: int = Field(1, ge=0, le=100_000, description="epochs a trial runs before it may be pruned")
+    warmup_epochs: int = Field(1, ge=0, le=100_000, description="epochs a trial runs before any pruning decision")
     interval_epochs: int = Field(1, ge=1, le=100_000, description="epochs between pruning checks")
 
 
@@ -592,7 +592,7 @@ class SweepSpec(_Strict):
             if p.log or (isinstance(p, FloatParam) and p.step is None):
                 raise ValueError(f"parameters.{path}: a grid takes choices, int ranges and float ranges with a step; "
                                  "this range has no finite set of values")
-            n = int((p.high - p.low) // p.step) + 1
+            n = int(math.floor((p.high - p.low) / p.step + 1e-9)) + 1  # 1e-9: (0.3 - 0.1) / 0.1 < 2
             if n > MAX_GRID_VALUES:
                 raise ValueError(f"parameters.{path}: {n:,} values is over the grid's {MAX_GRID_VALUES:,}")
             out[path] = [p.low + i * p.step for i in range(n)] if isinstance(p, IntParam) \

@@ -1,0 +1,250 @@
+"""The sweep spec and the search's driver on SQLite and the real PostgreSQL server: trials are made,
+told, pruned and carried on by a new process, with the queue playing the worker's part (the HTTP
+and real-worker side is tests/test_sweeps.py)."""
+import math
+import statistics
+
+import pytest
+from sqlalchemy import func, select
+
+from tests.conftest import tiny_job
+from trainyard.app import queue, schema, search, sweeps
+from trainyard.app.db import jobs, make_engine, sweep_log
+from trainyard.app.errors import Invalid
+from trainyard.app.settings import Settings
+from trainyard.app.spec import INTEGER, NUMBER, OTHER, SweepSpec, field_kind, with_params
+
+
+@pytest.fixture
+def engine(backend_url):
+    e = make_engine(backend_url)
+    schema.upgrade(e)
+    yield e
+    e.dispose()
+
+
+@pytest.fixture
+def settings(tmp_path, backend_url):
+    return Settings(data_dir=tmp_path / "data", database_url=backend_url, node_name="host-a")
+
+
+def sweep_spec(**over) -> SweepSpec:
+    body = {"job": tiny_job(epochs=4), "method": "random", "max_trials": 4, "max_concurrent": 2,
+            "parameters": {"train.lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True}}, **over}
+    return SweepSpec.model_validate(body)
+
+
+def run_trial(engine, losses: list[float], finish: bool = True):
+    """Be the worker: claim the next job, report an epoch per loss, succeed with the last."""
+    job = queue.claim(engine, "w", "cpu", 30)
+    assert job is not None and job.sweep is not None
+    epochs = [(i + 1, {"train_loss": v, "val_loss": v, "val_accuracy": 0.5}) for i, v in enumerate(losses)]
+    queue.record_progress(engine, job.id, job.claim, epochs)
+    if finish:
+        queue.succeed(engine, job.id, job.claim, {"val_loss": losses[-1], "val_accuracy": 0.5,
+                                                  "train_loss": losses[-1]}, None)
+    return job
+
+
+def trial_jobs(engine, sweep_id):
+    return sweeps.trials(engine, [sweep_id])[sweep_id]
+
+
+# ---- the spec ---------------------------------------------------------------------------------------
+
+def test_paths_resolve_to_what_the_field_holds():
+    assert field_kind("train.lr", "train") == NUMBER
+    assert field_kind("train.batch_size", "train") == INTEGER
+    assert field_kind("model.hidden", "train") == OTHER
+    assert field_kind("train.lr_schedule.min_lr", "train") == NUMBER  # below an optional object
+    assert field_kind("config.width", "run") == field_kind("config.a.b", "run") == "any"
+    for bad, kind in (("train.lrr", "train"), ("kind", "train"), ("config.width", "train"), ("train", "run")):
+        with pytest.raises(ValueError, match="is not a field"):
+            field_kind(bad, kind)
+
+
+def test_values_are_set_by_path_making_the_objects_on_the_way():
+    base = {"train": {"lr": 0.1}, "model": {"arch": "mlp"}}
+    out = with_params(base, {"train.lr": 0.01, "train.lr_schedule.min_lr": 0.001, "model.hidden": [8, 8]})
+    assert out == {"train": {"lr": 0.01, "lr_schedule": {"min_lr": 0.001}}, "model": {"arch": "mlp", "hidden": [8, 8]}}
+    assert base == {"train": {"lr": 0.1}, "model": {"arch": "mlp"}}  # the base job is left alone
+
+
+def test_a_grid_enumerates_choices_and_stepped_ranges():
+    spec = sweep_spec(method="grid", max_trials=None, parameters={
+        "train.batch_size": {"type": "int", "low": 16, "high": 64, "step": 16},
+        "train.lr": {"type": "float", "low": 0.1, "high": 0.3, "step": 0.1},
+        "model.hidden": {"type": "choice", "values": [[8], [16, 16]]}})
+    assert spec.grid() == {"train.batch_size": [16, 32, 48, 64], "train.lr": [0.1, 0.2, 0.3],
+                           "model.hidden": [[8], [16, 16]]}
+    assert spec.grid_size() == spec.trials == 24
+    with pytest.raises(ValueError, match="no finite set"):
+        sweep_spec(method="grid", parameters={"train.lr": {"type": "float", "low": 0.1, "high": 0.3}}).grid()
+
+
+@pytest.mark.parametrize("parameters, field, says", [
+    ({"train.lrr": {"type": "float", "low": 0.1, "high": 1}}, ("parameters", "train.lrr"), "not a field"),
+    ({"model.activation": {"type": "float", "low": 0.1, "high": 1}}, ("parameters", "model.activation", "type"),
+     "not a number"),
+    ({"train.epochs": {"type": "float", "low": 1, "high": 5}}, ("parameters", "train.epochs", "type"), "integer"),
+    ({"train.lr": {"type": "choice", "values": [0.1, -1]}}, ("parameters", "train.lr"), "greater than 0"),
+    ({"model.activation": {"type": "choice", "values": ["relu", "nope"]}}, ("parameters", "model.activation"),
+     "nope"),
+])
+def test_bad_parameters_are_refused_naming_the_field(engine, settings, parameters, field, says):
+    with pytest.raises(Invalid, match=says) as e:
+        sweeps.admit(engine, settings, sweep_spec(parameters=parameters))
+    assert e.value.loc == field
+
+
+def test_a_grid_larger_than_max_trials_is_refused(engine, settings):
+    spec = sweep_spec(method="grid", max_trials=3, parameters={"train.lr": {"type": "choice", "values": [1, 2, 3, 4]}})
+    with pytest.raises(Invalid, match="4 combinations") as e:
+        sweeps.admit(engine, settings, spec)
+    assert e.value.loc == ("max_trials",)
+    with pytest.raises(Invalid, match="train job reports") as e:
+        sweeps.admit(engine, settings, sweep_spec(metric="accuracy"))
+    assert e.value.loc == ("metric",)
+
+
+# ---- the driver ----------------------------------------------------------------------------------
+
+def test_trials_are_jobs_made_up_to_max_concurrent_and_told_how_they_ended(engine, settings):
+    row = sweeps.create(engine, settings, sweep_spec())
+    s = search.Searcher(engine, settings)
+    s.pass_once()
+    made = trial_jobs(engine, row["id"])
+    assert [j.sweep["trial"] for j in made] == [0, 1] and all(j.state == "queued" for j in made)
+    lrs = [j.sweep["params"]["train.lr"] for j in made]
+    assert len(set(lrs)) == 2 and all(1e-4 <= v <= 0.1 for v in lrs)
+    assert [queue.get_job(engine, j.id).spec["train"]["lr"] for j in made] == lrs  # the job tries its trial's value
+    s.pass_once()
+    assert len(trial_jobs(engine, row["id"])) == 2  # nothing more while two are queued
+    run_trial(engine, [0.9, 0.5])
+    s.pass_once()
+    assert len(trial_jobs(engine, row["id"])) == 3
+    for _ in range(3):
+        run_trial(engine, [0.9, 0.7])
+        s.pass_once()
+    got = sweeps.get(engine, row["id"])
+    assert got["state"] == "succeeded" and got["trial_count"] == 4
+    study = s.studies.get(row["id"]) or search.Searcher(engine, settings).study(row["id"], sweep_spec())
+    assert [t.value for t in study.get_trials()] == [0.5, 0.7, 0.7, 0.7]
+    assert sweeps.best_trial(got["spec"], trial_jobs(engine, row["id"])).sweep["trial"] == 0
+
+
+def test_a_new_process_carries_the_sweep_on_from_the_journal(engine, settings):
+    row = sweeps.create(engine, settings, sweep_spec(max_trials=6, max_concurrent=1))
+    first = search.Searcher(engine, settings)
+    first.pass_once()
+    run_trial(engine, [0.8])
+    first.pass_once()
+    run_trial(engine, [0.6])
+    # The server restarts: a new process, the same host, an empty cache.
+    again = search.Searcher(engine, settings)
+    again.pass_once()
+    made = trial_jobs(engine, row["id"])
+    assert [j.sweep["trial"] for j in made] == [0, 1, 2]
+    assert [t.value for t in again.studies[row["id"]].get_trials()][:2] == [0.8, 0.6]
+    # A trial asked for whose job was never inserted (the process died in between) gets its job.
+    with engine.begin() as conn:
+        conn.execute(jobs.delete().where(jobs.c.id == made[-1].id))
+    search.Searcher(engine, settings).pass_once()
+    redone = trial_jobs(engine, row["id"])
+    assert [j.sweep["trial"] for j in redone] == [0, 1, 2]
+    assert redone[-1].sweep["params"] == made[-1].sweep["params"]
+    while sweeps.get(engine, row["id"])["state"] == "running":
+        run_trial(engine, [0.7])
+        again.pass_once()
+    assert [j.sweep["trial"] for j in trial_jobs(engine, row["id"])] == list(range(6))
+
+
+def test_another_host_cannot_drive_a_sweep_while_its_driver_holds_it(engine, settings, tmp_path):
+    row = sweeps.create(engine, settings, sweep_spec())
+    search.Searcher(engine, settings).pass_once()
+    other = search.Searcher(engine, settings.model_copy(update={"node_name": "host-b"}))
+    assert not sweeps.take(engine, row["id"], other.driver, 30)
+    other.pass_once()
+    assert len(trial_jobs(engine, row["id"])) == 2
+    with pytest.raises(search.LostSweep):
+        search.Journal(engine, row["id"], other.driver).append_logs([{"op_code": 0}])
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(sweep_log)).scalar_one() > 0
+
+
+def test_the_median_rule_prunes_a_poor_trial_which_keeps_its_metrics(engine, settings):
+    spec = sweep_spec(max_trials=3, max_concurrent=1, pruner={"type": "median", "startup_trials": 1,
+                                                              "warmup_epochs": 1})
+    row = sweeps.create(engine, settings, spec)
+    s = search.Searcher(engine, settings)
+    s.pass_once()
+    run_trial(engine, [0.9, 0.6, 0.4, 0.3])
+    s.pass_once()
+    bad = run_trial(engine, [1.1, 1.1], finish=False)  # running, worse than the median at epoch 2
+    s.pass_once()
+    pruned = queue.get_job(engine, bad.id)
+    assert pruned.state == "failed" and pruned.error["class"] == "pruned"
+    assert "epoch 2" in pruned.error["message"] and "median" in pruned.error["message"]
+    assert [m["val_loss"] for m in queue.get_metrics(engine, bad.id)] == [1.1, 1.1]
+    assert not queue.still_ours(engine, bad.id, bad.claim)  # its worker stops the process
+    assert sweeps.counts(trial_jobs(engine, row["id"]))["pruned"] == 1
+    assert len(trial_jobs(engine, row["id"])) == 3  # and the sweep goes on
+    good = run_trial(engine, [0.8, 0.5], finish=False)  # better than the median: carries on
+    s.pass_once()
+    assert queue.get_job(engine, good.id).state == "running"
+
+
+def test_failing_trials_end_the_sweep_and_a_cancel_stops_the_rest(engine, settings):
+    row = sweeps.create(engine, settings, sweep_spec(max_trials=10, max_failed_trials=2))
+    s = search.Searcher(engine, settings)
+    s.pass_once()
+    for _ in range(2):
+        job = queue.claim(engine, "w", "cpu", 30)
+        queue.fail(engine, job.id, job.claim, {"class": "job", "type": "E", "message": "the data does not fit"})
+        s.pass_once()
+    got = sweeps.get(engine, row["id"])
+    assert got["state"] == "failed" and "2 trials failed" in got["error"] and "does not fit" in got["error"]
+    assert all(j.state in ("failed", "cancelled") for j in trial_jobs(engine, row["id"]))
+
+    row = sweeps.create(engine, settings, sweep_spec(max_trials=10))
+    s.pass_once()
+    running = queue.claim(engine, "w", "cpu", 30)
+    sweeps.cancel(engine, row["id"])
+    s.pass_once()
+    found = trial_jobs(engine, row["id"])
+    assert len(found) == 2 and {j.state for j in found} == {"cancelled"}
+    assert not queue.still_ours(engine, running.id, running.claim)
+    with pytest.raises(Exception, match="only a running sweep"):
+        sweeps.cancel(engine, row["id"])
+
+
+def test_tpe_improves_on_its_random_start(engine, settings):
+    """On a quadratic of log10(lr) (best at 1e-2) TPE's trials after its random start beat their median."""
+    spec = sweep_spec(method="tpe", max_trials=16, max_concurrent=1, startup_trials=4)
+    row = sweeps.create(engine, settings, spec)
+    s = search.Searcher(engine, settings)
+    s.pass_once()
+    values = []
+    while sweeps.get(engine, row["id"])["state"] == "running":
+        job = queue.claim(engine, "w", "cpu", 30)
+        v = (math.log10(job.sweep["params"]["train.lr"]) + 2) ** 2
+        queue.succeed(engine, job.id, job.claim, {"val_loss": v}, None)
+        values.append(v)
+        s.pass_once()
+    assert len(values) == 16
+    assert statistics.median(values[4:]) < statistics.median(values[:4])
+
+
+def test_a_grid_tries_each_combination_once_across_passes_and_processes(engine, settings):
+    spec = sweep_spec(method="grid", max_trials=None, max_concurrent=2, parameters={
+        "train.lr": {"type": "choice", "values": [0.002, 0.05]}, "model.hidden": {"type": "choice", "values": [[8], [16]]}})
+    row = sweeps.create(engine, settings, spec)
+    for _ in range(2):
+        search.Searcher(engine, settings).pass_once()  # a new process each time
+        run_trial(engine, [0.5])
+        run_trial(engine, [0.5])
+    search.Searcher(engine, settings).pass_once()
+    assert sweeps.get(engine, row["id"])["state"] == "succeeded"
+    found = trial_jobs(engine, row["id"])
+    assert sorted(str(j.sweep["params"]) for j in found) == sorted(
+        str({"train.lr": a, "model.hidden": b}) for a in (0.002, 0.05) for b in ([8], [16]))
