@@ -21,6 +21,7 @@ from trainyard.app.records import Job
 from trainyard.app.settings import Settings
 from trainyard.app.spec import (
     INTEGER,
+    MAX_SWEEP_TRIALS,
     OTHER,
     TRAIN_SWEEP_METRICS,
     ChoiceParam,
@@ -73,8 +74,9 @@ def admit(engine: Engine, settings: Settings, spec: SweepSpec) -> None:
         if spec.max_trials is not None and spec.max_trials < size:
             raise Invalid(f"the grid has {size:,} combinations; max_trials {spec.max_trials} would leave some out "
                           "(raise it, or use method random or tpe)", loc=("max_trials",))
-        if size > spec.trials:
-            raise Invalid(f"the grid has {size:,} combinations, over the limit of {spec.trials}", loc=("parameters",))
+        if size > MAX_SWEEP_TRIALS:
+            raise Invalid(f"the grid has {size:,} combinations, over the limit of {MAX_SWEEP_TRIALS}",
+                          loc=("parameters",))
 
 
 def _trial_job(base: dict, params: dict, at: tuple):

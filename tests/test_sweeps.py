@@ -199,3 +199,19 @@ def test_bad_sweeps_get_422_naming_the_field(live):
             assert r.status_code == 422, (over, r.text)
             assert r.json()["detail"][0]["loc"][1:1 + len(loc)] == loc, (over, r.json())
         assert c.get("/sweeps/999999").status_code == 404
+
+
+def test_a_run_job_sweeps_its_config_on_the_metrics_it_reports(live):
+    """Your own training program (the example plugin's cifar_loop) is swept like a train job: paths into
+    its config, the metric it reports with ctx.report, the direction from the metric."""
+    job = {"kind": "run", "entrypoint": "cifar_loop", "device": "cpu", "config": {"epochs": 2, "size": 120}}
+    made = start(live, job=job, method="grid", metric="val_accuracy",
+                 parameters={"config.lr": {"type": "choice", "values": [0.001, 0.01]}})
+    assert made["direction"] == "maximize"
+    done = wait_sweep(live, made["id"])
+    assert done["state"] == "succeeded" and done["counts"]["succeeded"] == 2
+    assert done["best"]["value"] == max(t["value"] for t in done["trials"])
+    with live.client() as c:
+        for t in done["trials"]:
+            assert c.get(f"/jobs/{t['job_id']}").json()["spec"]["config"] == {"epochs": 2, "size": 120,
+                                                                             "lr": t["params"]["config.lr"]}
