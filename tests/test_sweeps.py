@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.conftest import slow_job, tiny_job
-from tests.service import Service, serving
+from tests.service import ROOT, Service, serving
 
 pytestmark = pytest.mark.slow
 
@@ -215,3 +215,12 @@ def test_a_run_job_sweeps_its_config_on_the_metrics_it_reports(live):
         for t in done["trials"]:
             assert c.get(f"/jobs/{t['job_id']}").json()["spec"]["config"] == {"epochs": 2, "size": 120,
                                                                              "lr": t["params"]["config.lr"]}
+
+
+def test_the_readme_sweep_runs_as_written(live):
+    section = (ROOT / "README.md").read_text().split("## Sweeps\n", 1)[1].split("\n## ", 1)[0]
+    body = json.loads(section.split("cat > sweep.json <<'JSON'\n", 1)[1].split("\nJSON\n", 1)[0])
+    done = wait_sweep(live, start(live, **body)["id"], timeout=300)
+    assert done["state"] == "succeeded" and done["trial_count"] == 20
+    assert sum(done["counts"].values()) == 20 and done["counts"]["failed"] == 0
+    assert set(done["best"]["params"]) == set(body["parameters"])
