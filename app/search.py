@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 from sqlalchemy import func, insert, select
 from sqlalchemy.engine import Engine
 
-from trainyard.app import queue, sweeps
+from trainyard.app import admission, queue, sweeps
 from trainyard.app.db import metrics, read, sweep_log, write
 from trainyard.app.errors import Invalid
 from trainyard.app.records import Job
@@ -208,7 +208,9 @@ class Searcher:
                 found[trial.number] = job
             self.follow(study, spec, trial, job)
         trials = study.get_trials(deepcopy=False)
-        failed = sum(t.state == TrialState.FAIL for t in trials)
+        # A trial whose job was cancelled by hand is the user's choice, not a failure of the sweep.
+        failed = sum(t.state == TrialState.FAIL and getattr(found.get(t.number), "state", None) != JobState.CANCELLED
+                     for t in trials)
         if failed >= spec.max_failed_trials:
             sweeps.finish(self.engine, sweep_id, self.driver, sweeps.FAILED,
                           f"{failed} trials failed (max_failed_trials {spec.max_failed_trials}); "
@@ -223,7 +225,7 @@ class Searcher:
             if self.enqueue(sweep_id, spec, trial.number, decode(spec, trial.params)) is None:
                 return
             made, active = made + 1, active + 1
-        if row["trial_count"] != made:
+        if row["trial_count"] != made or row["error"] is not None:
             sweeps.note(self.engine, sweep_id, self.driver, made)
         if made >= spec.trials and active == 0:
             complete = sum(t.state == TrialState.COMPLETE for t in trials)
@@ -234,11 +236,19 @@ class Searcher:
                               f"no trial completed with a {spec.metric}: {_latest_error(found.values())}")
 
     def enqueue(self, sweep_id: int, spec: SweepSpec, number: int, params: dict[str, Any]) -> Job | None:
+        """The trial's job, inserted; None when this pass should stop (the sweep ended, or waits)."""
         try:
-            job, admitted = sweeps.trial_job(self.engine, self.settings, spec, number, params)
+            job = sweeps.trial_spec(spec, number, params)
         except Invalid as e:
             # Each value alone was checked at submit; this combination of them is refused.
             sweeps.finish(self.engine, sweep_id, self.driver, sweeps.FAILED, f"trial {number} ({params}): {e}")
+            return None
+        try:
+            admitted = admission.admit(self.engine, self.settings, job)
+        except Invalid as e:
+            # The fleet refuses it now (no live worker has the plugin it needs, say): the trial waits,
+            # asked but without a job, and the sweep says why until a later pass inserts it.
+            sweeps.waiting(self.engine, sweep_id, self.driver, f"trial {number} waits: {e}")
             return None
         return sweeps.enqueue_trial(self.engine, sweep_id, self.driver, number, params, job, admitted)
 
@@ -250,7 +260,8 @@ class Searcher:
             trial = optuna.Trial(study, frozen._trial_id)
             for epoch, value in self.reports(job.id, spec.metric, max(frozen.intermediate_values, default=0)):
                 trial.report(value, epoch)
-                if job.state == JobState.RUNNING and trial.should_prune():
+                # Asked on every epoch, of ended jobs too: ASHA notes each trial's value at each rung then.
+                if trial.should_prune() and job.state == JobState.RUNNING:
                     why = error_record(Failure.PRUNED, "Pruned", _prune_reason(spec, epoch, value))
                     if queue.stop(self.engine, [job.id], why, states=(queue.RUNNING,), final=queue.FAILED):
                         study.tell(frozen.number, state=TrialState.PRUNED)

@@ -96,12 +96,10 @@ def _admit_job(engine, settings, job, at) -> admission.Admitted:
         raise Invalid(str(e), loc=("job", *(e.loc or ())) if at == ("job",) else at) from None
 
 
-def trial_job(engine: Engine, settings: Settings, spec: SweepSpec, trial: int, params: dict[str, Any]):
-    """The job a trial runs and what admitting it found (Invalid: the fleet or the spec refuses it)."""
+def trial_spec(spec: SweepSpec, trial: int, params: dict[str, Any]):
+    """The job a trial runs (Invalid: the job spec refuses this combination of values)."""
     job = _trial_job(spec.job.model_dump(mode="json"), params, ("parameters",))
-    name = f"{spec.name or spec.job.name or 'sweep'}/trial-{trial}"
-    job = job.model_copy(update={"name": name[-200:]})
-    return job, admission.admit(engine, settings, job)
+    return job.model_copy(update={"name": f"{spec.name or spec.job.name or 'sweep'}/trial-{trial}"[-200:]})
 
 
 def create(engine: Engine, settings: Settings, spec: SweepSpec) -> dict:
@@ -259,9 +257,15 @@ def enqueue_trial(engine: Engine, sweep_id: int, driver: str, trial: int, params
 
 
 def note(engine: Engine, sweep_id: int, driver: str, trial_count: int) -> bool:
+    """The trials made so far; a running sweep's error (why it waits) is cleared once trials are made again."""
     with write(engine) as conn:
-        res = conn.execute(update(sweeps).where(_driven(sweep_id, driver)).values(trial_count=trial_count))
+        res = conn.execute(update(sweeps).where(_driven(sweep_id, driver)).values(trial_count=trial_count, error=None))
     return res.rowcount == 1
+
+
+def waiting(engine: Engine, sweep_id: int, driver: str, why: str) -> None:
+    with write(engine) as conn:
+        conn.execute(update(sweeps).where(_driven(sweep_id, driver)).values(error=why[:2000]))
 
 
 def finish(engine: Engine, sweep_id: int, driver: str, state: str, error: str | None = None) -> bool:

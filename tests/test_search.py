@@ -248,3 +248,43 @@ def test_a_grid_tries_each_combination_once_across_passes_and_processes(engine, 
     found = trial_jobs(engine, row["id"])
     assert sorted(str(j.sweep["params"]) for j in found) == sorted(
         str({"train.lr": a, "model.hidden": b}) for a in (0.002, 0.05) for b in ([8], [16]))
+
+
+def test_asha_keeps_the_best_fraction_at_each_rung(engine, settings):
+    spec = sweep_spec(max_trials=4, max_concurrent=1, pruner={"type": "asha", "min_epochs": 1, "reduction_factor": 2})
+    row = sweeps.create(engine, settings, spec)
+    s = search.Searcher(engine, settings)
+    s.pass_once()
+    run_trial(engine, [0.5, 0.4, 0.3, 0.2])
+    s.pass_once()
+    worse = run_trial(engine, [0.9], finish=False)  # at rung 0 (epoch 1) outside the best half of two
+    s.pass_once()
+    job = queue.get_job(engine, worse.id)
+    assert job.state == "failed" and job.error["class"] == "pruned" and "ASHA" in job.error["message"]
+    better = run_trial(engine, [0.45, 0.35], finish=False)  # the best half at rungs 0 and 1: goes on
+    s.pass_once()
+    assert queue.get_job(engine, better.id).state == "running"
+
+
+def test_a_trial_the_fleet_refuses_now_waits_and_a_cancelled_trial_is_no_failure(engine, settings):
+    job = {"kind": "run", "entrypoint": "not_installed_here", "device": "cpu", "config": {}}
+    spec = sweep_spec(job=job, metric="score", parameters={"config.x": {"type": "choice", "values": [1, 2]}},
+                      max_failed_trials=1)
+    with pytest.raises(Invalid, match="not_installed_here"):
+        sweeps.create(engine, settings, spec)
+    with engine.begin() as conn:  # as if the workers with the plugin had gone since it was submitted
+        conn.execute(sweeps.sweeps.insert().values(state="running", spec=spec.model_dump(mode="json"),
+                                                   created_at=0, trial_count=0))
+    sweep_id = sweeps.running(engine)[0]
+    s = search.Searcher(engine, settings)
+    s.pass_once()
+    got = sweeps.get(engine, sweep_id)
+    assert got["state"] == "running" and "trial 0 waits" in got["error"] and "not_installed_here" in got["error"]
+    assert trial_jobs(engine, sweep_id) == []
+
+    row = sweeps.create(engine, settings, sweep_spec(max_failed_trials=1))
+    s.pass_once()
+    queue.cancel(engine, trial_jobs(engine, row["id"])[0].id)  # one trial cancelled by hand
+    s.pass_once()
+    assert sweeps.get(engine, row["id"])["state"] == "running"
+    assert len(trial_jobs(engine, row["id"])) == 3
