@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import slow_job, tiny_job
+from tests.conftest import IRIS_JOB, slow_job, tiny_job
 from tests.service import Service, serving
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -276,3 +276,285 @@ def test_token_is_asked_for_stored_and_sent(browser, tmp_path):
     finally:
         w.close()
         svc.stop()
+
+
+# ---- sweeps ----------------------------------------------------------------------------------------------
+
+LR_SWEEP = {"train.lr": {"type": "choice", "values": [0.001, 0.05]}}
+
+
+def sweep_rows(page) -> list[int]:
+    """The trial numbers of the trials table, top to bottom."""
+    return [int(n) for n in page.get_by_test_id("trials-table").locator("tbody tr").evaluate_all(
+        "rows => rows.map(r => r.dataset.trial)")]
+
+
+def wait_sweep(live, sweep_id: int, timeout: float = 120) -> dict:
+    with live.client() as c:
+        live.wait_until(lambda: c.get(f"/sweeps/{sweep_id}").json()["state"] != "running", timeout,
+                        f"sweep {sweep_id} to end")
+        return c.get(f"/sweeps/{sweep_id}").json()
+
+
+def test_a_grid_sweep_runs_and_its_page_shows_trials_curves_and_scatter(live, watched, tmp_path):
+    """A real grid sweep of the Iris job over two learning rates, through the server and the CPU worker."""
+    job = {**IRIS_JOB, "name": "dash-sweep-trial", "train": {**IRIS_JOB["train"], "epochs": 5}}
+    with live.client() as c:
+        r = c.post("/sweeps", json={"name": "dash-lr", "job": job, "parameters": LR_SWEEP, "method": "grid",
+                                    "metric": "val_loss"})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    page = watched.page
+    # Opened while the sweep runs: what the page shows at the end came by polling.
+    page.goto(f"{live.url}/#/sweeps/{sid}")
+    expect(page.get_by_test_id("sweep-title")).to_have_text(f"Sweep {sid} · dash-lr")
+    sweep = wait_sweep(live, sid)
+    assert sweep["state"] == "succeeded", sweep
+    trials = {t["trial"]: t for t in sweep["trials"]}
+    assert len(trials) == 2 and all(t["state"] == "succeeded" and len(t["params"]) == 1 for t in trials.values())
+    best = sweep["best"]["trial"]
+    values = {n: t["value"] for n, t in trials.items()}
+    # a grid tries each value once
+    assert sorted(t["params"]["train.lr"] for t in trials.values()) == [0.001, 0.05], trials
+    assert values[0] != values[1]
+
+    expect(page.get_by_test_id("sweep-state")).to_have_text("succeeded", timeout=30_000)
+    expect(page.get_by_role("button", name=f"Cancel sweep {sid}")).to_be_hidden()
+    facts = page.get_by_test_id("sweep-facts")
+    expect(facts).to_contain_text("grid")
+    expect(facts).to_contain_text("val_loss (minimize)")
+    expect(facts).to_contain_text("2 succeeded")
+    expect(page.get_by_test_id("sweep-best")).to_contain_text(f"trial {best} (job {trials[best]['job_id']})")
+    expect(page.get_by_test_id("sweep-best")).to_contain_text(f"train.lr={trials[best]['params']['train.lr']:.6g}")
+
+    # The table: a row per trial, linking to its job, the best one marked.
+    table = page.get_by_test_id("trials-table")
+    expect(table.locator("tbody tr")).to_have_count(2)
+    for n, t in trials.items():
+        row = page.get_by_test_id(f"trial-row-{n}")
+        expect(row).to_have_attribute("data-best", "true" if n == best else "false")
+        expect(row.locator(f"a[href='#/jobs/{t['job_id']}']").first).to_be_visible()
+        expect(row.locator("td[data-param='train.lr']")).to_have_text(f"{t['params']['train.lr']:.6g}")
+        expect(page.get_by_test_id(f"trial-value-{n}")).to_have_text(f"{t['value']:.4f}")
+        expect(page.get_by_test_id(f"trial-state-{n}")).to_have_text("succeeded")
+        expect(row).to_contain_text("5/5")
+    expect(page.get_by_test_id(f"trial-row-{best}").get_by_test_id("best-trial")).to_have_text("best")
+    expect(table.get_by_test_id("best-trial")).to_have_count(1)
+    for header in ("Trial", "Job", "State", "train.lr", "val_loss", "Epoch"):
+        expect(table.locator("thead th", has_text=header)).to_have_count(1)
+
+    # Sorting by value: best first (val_loss is minimised), then the other way round.
+    by_value = sorted(values, key=values.get)
+    assert sweep_rows(page) == [0, 1]
+    page.get_by_test_id("trials-sort-value").click()
+    expect(page.get_by_test_id("trials-sort-value")).to_have_attribute("aria-sort", "ascending")
+    assert sweep_rows(page) == by_value and by_value[0] == best
+    page.get_by_test_id("trials-sort-value").click()
+    expect(page.get_by_test_id("trials-sort-value")).to_have_attribute("aria-sort", "descending")
+    assert sweep_rows(page) == by_value[::-1]
+    page.get_by_test_id("trials-sort-param:train.lr").click()  # by the parameter: 0.001 before 0.05
+    assert sweep_rows(page) == sorted(trials, key=lambda n: trials[n]["params"]["train.lr"])
+    page.wait_for_timeout(1500)  # polling keeps the order chosen
+    assert sweep_rows(page) == sorted(trials, key=lambda n: trials[n]["params"]["train.lr"])
+
+    # Every trial's validation curve, 5 epochs each, the best drawn heavier.
+    curves = page.get_by_test_id("curves-chart")
+    expect(curves.locator("[data-series]")).to_have_count(2)
+    for n in trials:
+        series = curves.locator(f"[data-trial='{n}']")
+        expect(series).to_have_attribute("data-points", "5")
+        expect(series.locator("circle")).to_have_count(5)
+        expect(series.locator("path")).to_have_attribute("d", re.compile(r"^M[\d.]+,[\d.]+( L[\d.]+,[\d.]+){4}$"))
+    expect(curves.locator("[data-best=true]")).to_have_attribute("data-trial", str(best))
+    width = lambda n: float(curves.locator(f"[data-trial='{n}'] path").evaluate("p => getComputedStyle(p).strokeWidth")[:-2])
+    assert width(best) > width(1 - best)
+    expect(curves).to_contain_text(f"best (trial {best})")
+
+    # The scatter: a point per trial at its choice of lr, the best ringed, higher loss higher up.
+    scatter = page.get_by_test_id("scatter-chart")
+    expect(scatter).to_have_attribute("data-points", "2")
+    expect(scatter).to_have_attribute("data-scale", "category")
+    expect(scatter).to_contain_text("0.001")
+    expect(scatter).to_contain_text("0.05")
+    expect(page.get_by_test_id("scatter-param")).to_be_hidden()  # one parameter: nothing to choose
+    points = {int(d["trial"]): d for d in scatter.locator("circle").evaluate_all(
+        "cs => cs.map(c => ({trial: c.dataset.trial, best: c.dataset.best, cx: +c.getAttribute('cx'), cy: +c.getAttribute('cy')}))")}
+    assert set(points) == {0, 1} and points[best]["best"] == "true" and points[1 - best]["best"] == "false"
+    lr = {n: trials[n]["params"]["train.lr"] for n in trials}
+    assert (points[0]["cx"] < points[1]["cx"]) == (lr[0] < lr[1])
+    assert (points[0]["cy"] > points[1]["cy"]) == (values[0] < values[1])  # svg y grows downwards
+    page.screenshot(path=str(tmp_path / "dashboard-sweep.png"), full_page=True)
+
+    # A trial's job page links back to its sweep.
+    page.get_by_test_id(f"trial-row-{best}").get_by_role("link", name=f"job {trials[best]['job_id']}").click()
+    expect(page).to_have_url(re.compile(rf"#/jobs/{trials[best]['job_id']}$"))
+    expect(page.get_by_test_id("job-state")).to_have_text("succeeded")
+    expect(page.get_by_test_id("job-facts")).to_contain_text(f"sweep {sid}, trial {best}")
+    back = page.get_by_test_id("job-sweep-link")
+    expect(back).to_have_text(f"\u2190 Sweep {sid} (trial {best})")
+    back.click()
+    expect(page).to_have_url(re.compile(rf"#/sweeps/{sid}$"))
+    expect(page.get_by_test_id("trials-table").locator("tbody tr")).to_have_count(2)
+
+    # The list shows it; its row opens the page.
+    page.get_by_role("link", name="Sweeps", exact=True).click()
+    expect(page).to_have_url(re.compile(r"#/sweeps$"))
+    row = page.get_by_test_id(f"sweep-row-{sid}")
+    expect(row).to_contain_text("dash-lr")
+    expect(row).to_contain_text("grid")
+    expect(row).to_contain_text("val_loss (min)")
+    expect(page.get_by_test_id(f"sweep-state-{sid}")).to_have_text("succeeded")
+    expect(page.get_by_test_id(f"sweep-trials-{sid}")).to_have_text("2/2 · 2 succeeded")
+    expect(page.get_by_test_id(f"sweep-best-{sid}")).to_have_text(f"{values[best]:.4f} (trial {best})")
+    row.get_by_role("link", name="dash-lr").click()
+    expect(page).to_have_url(re.compile(rf"#/sweeps/{sid}$"))
+    expect(page.get_by_test_id("sweep-state")).to_have_text("succeeded")
+    # The jobs list says which sweep a trial belongs to.
+    page.get_by_role("link", name="Jobs", exact=True).click()
+    expect(page.get_by_test_id(f"job-row-{trials[0]['job_id']}")).to_contain_text(f"sweep {sid} trial 0")
+    assert watched.errors == []
+
+
+def test_cancel_a_running_sweep_from_its_page(live, watched):
+    sweep = {"name": "dash-cancel", "job": slow_job(epochs=30), "method": "grid", "max_concurrent": 1,
+             "parameters": {"train.lr": {"type": "choice", "values": [0.001, 0.002]}}}
+    with live.client() as c:
+        r = c.post("/sweeps", json=sweep)
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        try:
+            live.wait_until(lambda: c.get(f"/sweeps/{sid}").json()["counts"]["running"] == 1, 60, "a running trial")
+            page = watched.page
+            page.goto(f"{live.url}/#/sweeps/{sid}")
+            expect(page.get_by_test_id("sweep-state")).to_have_text("running")
+            expect(page.get_by_test_id("trial-state-0")).to_have_text("running")
+            cancel = page.get_by_role("button", name=f"Cancel sweep {sid}")
+            cancel.click()
+            expect(page.get_by_test_id("sweep-state")).to_have_text("cancelled")
+            expect(cancel).to_be_hidden()
+            expect(page.get_by_test_id("sweep-facts")).to_contain_text("cancelled by request")
+            expect(page.get_by_test_id("trial-state-0")).to_have_text("cancelled", timeout=30_000)
+            got = c.get(f"/sweeps/{sid}").json()
+            assert got["state"] == "cancelled" and got["trials"][0]["state"] == "cancelled", got
+            assert watched.errors == []
+        finally:
+            c.post(f"/sweeps/{sid}/cancel")  # free the worker whatever happened (409 once ended)
+
+
+def recorded_sweep(state: str = "running") -> dict:
+    """A TPE sweep over a log-scale lr and a choice of layers, as GET /sweeps/{id} gives it mid-way: trial 2
+    the best so far, trial 1 pruned, trial 3 running, trial 4 queued."""
+    def trial(n, state, lr, hidden, value, epoch, failure=None, best=False):
+        return {"trial": n, "job_id": 900 + n, "state": state, "failure": failure,
+                "params": {"train.lr": lr, "model.hidden": hidden}, "value": value, "epoch": epoch, "epochs": 8,
+                "best": best, "created_at": 1790000000.0 + n, "started_at": None, "finished_at": None}
+    trials = [trial(0, "succeeded", 0.001, [8], 0.30, 8), trial(1, "failed", 0.0001, [16, 16], 0.9, 2, "pruned"),
+              trial(2, "succeeded", 0.01, [16, 16], 0.12, 8, best=True), trial(3, "running", 0.1, [8], 0.5, 3),
+              trial(4, "queued", 0.02, [8], None, 0)]
+    parameters = {"train.lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True},
+                  "model.hidden": {"type": "choice", "values": [[8], [16, 16]]}}
+    return {"id": 9001, "name": "recorded", "state": state, "method": "tpe", "metric": "val_loss",
+            "direction": "minimize", "max_trials": 6, "max_concurrent": 2, "trial_count": 5,
+            "counts": {"queued": 1, "running": 1, "succeeded": 2, "pruned": 1, "failed": 0, "cancelled": 0},
+            "best": {"trial": 2, "job_id": 902, "params": trials[2]["params"], "value": 0.12},
+            "created_at": 1790000000.0, "finished_at": None, "error": None,
+            "spec": {"name": "recorded", "job": {"kind": "train"}, "parameters": parameters, "method": "tpe",
+                     "metric": "val_loss", "pruner": {"type": "median", "startup_trials": 3, "warmup_epochs": 2}},
+            "trials": trials}
+
+
+def recorded_curves(sweep: dict) -> dict:
+    def points(t):
+        return [[e, round(t["value"] + 0.1 * (t["epoch"] - e), 4)] for e in range(1, t["epoch"] + 1)]
+    return {"metric": "val_loss", "direction": "minimize",
+            "trials": [{k: t[k] for k in ("trial", "job_id", "state", "failure", "best")} | {"points": points(t)}
+                       for t in sweep["trials"]]}
+
+
+def test_sweep_page_from_recorded_payloads_log_axis_pruned_curves_live_updates_and_cancel(live, watched):
+    """No search runs here: the page is fed a sweep mid-way (what the real server gives is the test above)."""
+    sweep = recorded_sweep()
+    cancels = []
+
+    def sweep_route(route):
+        if route.request.method == "POST":
+            cancels.append(route.request.all_headers().get("authorization"))
+            sweep.update(state="cancelled", finished_at=1790000100.0)
+        route.fulfill(json=sweep)
+
+    page = watched.page
+    page.route("**/sweeps/9001", sweep_route)
+    page.route("**/sweeps/9001/cancel", sweep_route)
+    page.route("**/sweeps/9001/curves", lambda route: route.fulfill(json=recorded_curves(sweep)))
+    page.goto(f"{live.url}/#/sweeps/9001")
+    expect(page.get_by_test_id("sweep-state")).to_have_text("running")
+    expect(page.get_by_test_id("sweep-facts")).to_contain_text("tpe · median pruner")
+    expect(page.get_by_test_id("sweep-facts")).to_contain_text("1 running · 1 queued · 2 succeeded · 1 pruned")
+    expect(page.get_by_test_id("trials-table").locator("tbody tr")).to_have_count(5)
+    expect(page.get_by_test_id("trial-state-1")).to_have_text("pruned")
+    expect(page.get_by_test_id("trial-row-1")).to_have_attribute("data-state", "pruned")
+    expect(page.get_by_test_id("trial-row-2")).to_have_attribute("data-best", "true")
+    expect(page.get_by_test_id("trial-row-2")).to_have_class(re.compile(r"\bbest\b"))
+    expect(page.get_by_test_id("trial-row-4").locator("td[data-param='model.hidden']")).to_have_text("[8]")
+    expect(page.get_by_test_id("trial-value-4")).to_have_text("–")
+
+    # Sorting: by value (trial 4 has none: last both ways), by a list-valued parameter, by state.
+    page.get_by_test_id("trials-sort-value").click()
+    assert sweep_rows(page) == [2, 0, 3, 1, 4]
+    page.get_by_test_id("trials-sort-value").click()
+    assert sweep_rows(page) == [1, 3, 0, 2, 4]
+    page.get_by_test_id("trials-sort-param:train.lr").click()
+    assert sweep_rows(page) == [1, 0, 2, 4, 3]
+    page.get_by_test_id("trials-sort-state").click()
+    assert sweep_rows(page) == [1, 4, 3, 0, 2]  # pruned, queued, running, succeeded
+    page.get_by_test_id("trials-sort-trial").click()
+    assert sweep_rows(page) == [0, 1, 2, 3, 4]
+
+    # Curves: the pruned trial dashed, the best heavier than the rest.
+    curves = page.get_by_test_id("curves-chart")
+    expect(curves.locator("[data-series]")).to_have_count(5)
+    expect(curves.locator("[data-trial='1']")).to_have_attribute("data-points", "2")
+    expect(curves.locator("[data-trial='3']")).to_have_attribute("data-points", "3")
+    style = lambda n, prop: curves.locator(f"[data-trial='{n}'] path").evaluate(f"p => getComputedStyle(p).{prop}")
+    assert style(1, "strokeDasharray") not in ("none", "")
+    assert style(0, "strokeDasharray") == "none" and style(2, "strokeDasharray") == "none"
+    assert float(style(2, "strokeWidth")[:-2]) > float(style(0, "strokeWidth")[:-2])
+    expect(curves).to_contain_text("pruned")
+
+    # The scatter on a log axis: 0.001, 0.01 and 0.1 evenly apart; four trials have a value.
+    scatter = page.get_by_test_id("scatter-chart")
+    expect(scatter).to_have_attribute("data-scale", "log")
+    expect(scatter).to_have_attribute("data-points", "4")
+    expect(scatter).to_contain_text("train.lr (log scale)")
+    cx = {int(c["t"]): c["x"] for c in scatter.locator("circle").evaluate_all(
+        "cs => cs.map(c => ({t: c.dataset.trial, x: +c.getAttribute('cx')}))")}
+    assert set(cx) == {0, 1, 2, 3}
+    assert cx[2] - cx[0] == pytest.approx(cx[3] - cx[2], abs=0.2) and cx[0] - cx[1] == pytest.approx(cx[2] - cx[0], abs=0.2)
+    expect(scatter.locator("circle.best")).to_have_attribute("data-trial", "2")
+    # The other parameter, a choice of lists: one category per value, in the spec's order.
+    select = page.get_by_test_id("scatter-param")
+    expect(select).to_be_visible()
+    select.select_option("model.hidden")
+    expect(scatter).to_have_attribute("data-scale", "category")
+    expect(scatter).to_contain_text("[16,16]")
+    cx = {int(c["t"]): c["x"] for c in scatter.locator("circle").evaluate_all(
+        "cs => cs.map(c => ({t: c.dataset.trial, x: +c.getAttribute('cx')}))")}
+    assert cx[0] == cx[3] < cx[1] == cx[2]
+
+    # Live: trial 3 reports more epochs and becomes the best; the page follows without a reload.
+    sweep["trials"][3].update(value=0.05, epoch=6)
+    sweep["trials"][2]["best"], sweep["trials"][3]["best"] = False, True
+    sweep["best"] = {"trial": 3, "job_id": 903, "params": sweep["trials"][3]["params"], "value": 0.05}
+    expect(page.get_by_test_id("trial-row-3")).to_have_attribute("data-best", "true")
+    expect(page.get_by_test_id("trial-row-2")).to_have_attribute("data-best", "false")
+    expect(page.get_by_test_id("trial-row-3")).to_contain_text("6/8")
+    expect(curves.locator("[data-trial='3']")).to_have_attribute("data-points", "6")
+    expect(page.get_by_test_id("sweep-best")).to_contain_text("trial 3 (job 903)")
+    expect(select).to_have_value("model.hidden")  # the choice survives polling
+
+    cancel = page.get_by_role("button", name="Cancel sweep 9001")
+    cancel.click()
+    expect(page.get_by_test_id("sweep-state")).to_have_text("cancelled")
+    expect(cancel).to_be_hidden()
+    assert len(cancels) == 1
+    assert watched.errors == []

@@ -71,7 +71,8 @@
     return `${Math.floor(m / 60)} h ${String(m % 60).padStart(2, "0")} m`;
   }
 
-  const parseTime = (iso) => (iso ? Date.parse(iso) : NaN);
+  // The API sends ISO times; Unix seconds (the sweeps contract's first draft) are read as well.
+  const parseTime = (t) => (isNum(t) ? t * 1000 : t ? Date.parse(t) : NaN);
 
   function fmtTime(iso) {
     const t = parseTime(iso);
@@ -100,6 +101,13 @@
     }
     if (job.kind === "run") return `entrypoint ${s.entrypoint}`;
     return [s.model && s.model.arch, s.data && s.data.dataset].filter(Boolean).join(" · ");
+  }
+
+  /** A metric of any scale: losses, accuracies, a run job's own numbers. */
+  function fmtValue(v) {
+    if (!isNum(v)) return "–";
+    if (v !== 0 && (Math.abs(v) >= 1000 || Math.abs(v) < 1e-3)) return v.toExponential(3);
+    return v.toFixed(4);
   }
 
   function latest(job, key) {
@@ -169,8 +177,12 @@
   let authNeeded = false;
 
   function route() {
-    const m = location.hash.match(/^#\/jobs\/(\d+)\/?$/);
-    return m ? { view: "job", id: Number(m[1]) } : { view: "list" };
+    const h = location.hash;
+    let m = h.match(/^#\/jobs\/(\d+)\/?$/);
+    if (m) return { view: "job", id: Number(m[1]) };
+    m = h.match(/^#\/sweeps\/(\d+)\/?$/);
+    if (m) return { view: "sweep", id: Number(m[1]) };
+    return /^#\/sweeps\/?$/.test(h) ? { view: "sweeps" } : { view: "list" };
   }
 
   function setStatus(text, kind) {
@@ -189,6 +201,8 @@
       if (!document.hidden) {
         const r = route();
         if (r.view === "job") await refreshJob(r.id, current);
+        else if (r.view === "sweep") await refreshSweep(r.id, current);
+        else if (r.view === "sweeps") await refreshSweeps(current);
         else await refreshList(current);
         if (current()) setStatus("live", "ok");
       }
@@ -204,10 +218,17 @@
 
   function showView() {
     const r = route();
-    $("view-list").hidden = r.view !== "list";
-    $("view-job").hidden = r.view !== "job";
-    document.title = r.view === "job" ? `Job ${r.id} · trainyard` : "trainyard";
+    for (const v of ["list", "job", "sweeps", "sweep"]) $(`view-${v}`).hidden = r.view !== v;
+    const titles = { job: `Job ${r.id} · `, sweep: `Sweep ${r.id} · `, sweeps: "Sweeps · " };
+    document.title = `${titles[r.view] || ""}trainyard`;
+    // A sweep's trial pages count as the jobs section: they are jobs.
+    const sweeps = r.view === "sweeps" || r.view === "sweep";
+    for (const [id, on] of [["nav-jobs", !sweeps], ["nav-sweeps", sweeps]]) {
+      if (on) $(id).setAttribute("aria-current", "page");
+      else $(id).removeAttribute("aria-current");
+    }
     if (r.view === "job" && jobView.id !== r.id) resetJobView(r.id);
+    if (r.view === "sweep" && sweepView.id !== r.id) resetSweepView(r.id);
   }
 
   window.addEventListener("hashchange", () => {
@@ -354,7 +375,8 @@
 
   function updateRow(row, job) {
     setText(row.name, job.name || `${job.kind} job`);
-    setText(row.summary, jobSummary(job) + (job.waiting_for ? ` · waiting: ${job.waiting_for}` : ""));
+    setText(row.summary, jobSummary(job) + (job.sweep ? ` · sweep ${job.sweep.id} trial ${job.sweep.trial}` : "")
+      + (job.waiting_for ? ` · waiting: ${job.waiting_for}` : ""));
     updateBadge(row.state, job.state);
     setAttr(row.state, "title", job.waiting_for ? `no worker can take it: ${job.waiting_for}` : job.state);
     setAttr(row.tr, "data-state", job.state);
@@ -521,6 +543,7 @@
     $("loss-chart-box").replaceChildren(lossChart([], null));
     $("acc-chart-box").replaceChildren(accuracyChart([], null));
     $("lr-panel").hidden = true;
+    $("job-sweep-link").hidden = true;
   }
 
   function facts(dl, pairs) {
@@ -566,8 +589,18 @@
     const t = jobTime(job);
     const requested = job.requested_device || "auto";
     const m = job.latest_metrics || {};
+    const sweep = job.sweep;
+    const back = $("job-sweep-link");
+    back.hidden = !sweep;
+    if (sweep) {
+      setAttr(back, "href", `#/sweeps/${sweep.id}`);
+      setText(back, `\u2190 Sweep ${sweep.id} (trial ${sweep.trial})`);
+    }
     facts($("job-facts"), [
       ["kind", `${job.kind} · ${jobSummary(job)}`],
+      ["sweep", sweep ? [el("a", { href: `#/sweeps/${sweep.id}`, "data-testid": "job-sweep",
+                                   text: `sweep ${sweep.id}, trial ${sweep.trial}` }),
+                         ` · ${paramsText(sweep.params)}`] : null],
       ["waiting for", job.waiting_for || null],
       ["device", job.device ? `${job.device} (requested ${requested})` : `requested ${requested}`],
       ["worker", job.worker_id],
@@ -641,6 +674,354 @@
     }
   }
 
+  // ---- sweeps: the list ----------------------------------------------------------------------------------
+
+  const FINISHED_TRIAL = ["succeeded", "pruned", "failed", "cancelled"];
+
+  function paramsText(params) {
+    return Object.entries(params || {}).map(([k, v]) => `${k}=${valueText(v)}`).join(", ");
+  }
+
+  /** "3 succeeded · 1 pruned · 2 running": the states a sweep's trials are in, empty ones left out. */
+  function countsText(counts) {
+    const order = ["running", "queued", "succeeded", "pruned", "failed", "cancelled"];
+    const keys = [...order, ...Object.keys(counts || {}).filter((k) => !order.includes(k))];
+    return keys.filter((k) => (counts || {})[k]).map((k) => `${counts[k]} ${k}`).join(" · ");
+  }
+
+  function sweepTime(s) {
+    const created = parseTime(s.created_at), finished = parseTime(s.finished_at);
+    if (!Number.isNaN(finished)) return { label: "took", s: (finished - created) / 1000 };
+    return { label: "running", s: (Date.now() - created) / 1000 };
+  }
+
+  function bestText(s) {
+    return s.best && isNum(s.best.value) ? `${fmtValue(s.best.value)} (trial ${s.best.trial})` : "–";
+  }
+
+  const sweepRows = new Map(); // sweep id -> row parts, updated in place like the job list's
+
+  function makeSweepRow(id) {
+    const href = `#/sweeps/${id}`;
+    const parts = {
+      name: el("a", { href, class: "job-name" }),
+      state: badge("running", `sweep-state-${id}`),
+      method: el("td"),
+      metric: el("td"),
+      trials: el("td", { "data-testid": `sweep-trials-${id}` }),
+      best: el("td", { class: "num", "data-testid": `sweep-best-${id}` }),
+      time: el("td", { class: "num" }),
+    };
+    parts.tr = el("tr", { "data-testid": `sweep-row-${id}`, "data-sweep": id },
+      el("td", { class: "num" }, el("a", { href, class: "num", text: `${id}` })),
+      el("td", null, parts.name), el("td", null, parts.state),
+      parts.method, parts.metric, parts.trials, parts.best, parts.time);
+    return parts;
+  }
+
+  function updateSweepRow(row, s) {
+    setText(row.name, s.name || `sweep ${s.id}`);
+    updateBadge(row.state, s.state);
+    setAttr(row.tr, "data-state", s.state);
+    setText(row.method, s.method);
+    setText(row.metric, `${s.metric} (${s.direction === "maximize" ? "max" : "min"})`);
+    const counts = countsText(s.counts);
+    setText(row.trials, `${s.trial_count}/${s.max_trials}` + (counts ? ` · ${counts}` : ""));
+    setText(row.best, bestText(s));
+    setAttr(row.best, "title", s.best ? paramsText(s.best.params) : "no trial has a value yet");
+    const t = sweepTime(s);
+    setText(row.time, fmtDuration(t.s));
+    setAttr(row.time, "title", `${t.label} · created ${fmtTime(s.created_at)}`);
+  }
+
+  async function refreshSweeps(current) {
+    const sweeps = await api("/sweeps?limit=100");
+    if (!current()) return;
+    const body = $("sweeps-body");
+    const seen = new Set();
+    sweeps.data.forEach((s, i) => {
+      let row = sweepRows.get(s.id);
+      if (!row) {
+        row = makeSweepRow(s.id);
+        sweepRows.set(s.id, row);
+      }
+      updateSweepRow(row, s);
+      if (body.children[i] !== row.tr) body.insertBefore(row.tr, body.children[i] || null);
+      seen.add(s.id);
+    });
+    for (const [id, row] of sweepRows) {
+      if (!seen.has(id)) {
+        row.tr.remove();
+        sweepRows.delete(id);
+      }
+    }
+    $("sweeps-empty").hidden = sweeps.count > 0;
+    const shown = sweeps.data.length;
+    setText($("sweeps-count"), sweeps.count > shown ? `newest ${shown} of ${sweeps.count}` : `${sweeps.count} total`);
+  }
+
+  // ---- one sweep -------------------------------------------------------------------------------------------
+
+  const sweepView = {
+    id: null, sweep: null, cancel: null, progress: null, rows: new Map(), columnsKey: null,
+    sort: { key: "trial", dir: 1 }, curvesKey: null, scatterKey: null, specKey: null, param: null,
+  };
+
+  /** A pruned trial is a failed job whose error class is "pruned": shown as its own state. */
+  const trialState = (t) => (t.failure === "pruned" ? "pruned" : t.state);
+  const isBest = (t, sweep) => Boolean(t.best || (sweep.best && sweep.best.trial === t.trial));
+
+  function resetSweepView(id) {
+    Object.assign(sweepView, { id, sweep: null, columnsKey: null, curvesKey: null, scatterKey: null, specKey: null });
+    sweepView.rows = new Map();
+    sweepView.sort = { key: "trial", dir: 1 };
+    sweepView.cancel = el("button", {
+      type: "button", class: "btn btn-cancel", "aria-label": `Cancel sweep ${id}`, "data-testid": `cancel-sweep-${id}`,
+      hidden: true, text: "Cancel", onclick: () => cancelSweep(id, sweepView.cancel),
+    });
+    sweepView.progress = progressBar(`Sweep ${id} progress`);
+    $("sweep-actions").replaceChildren(sweepView.cancel);
+    $("sweep-progress").replaceChildren(sweepView.progress.node);
+    $("sweep-state").replaceChildren(badge("running", "sweep-state"));
+    setText($("sweep-title"), `Sweep ${id}`);
+    $("sweep-missing").hidden = true;
+    $("sweep-facts").replaceChildren();
+    $("trials-head").replaceChildren();
+    $("trials-body").replaceChildren();
+    $("trials-empty").hidden = true;
+    setText($("trials-count"), "");
+    setText($("sweep-spec"), "");
+    $("curves-chart-box").replaceChildren(curvesChart({ trials: [] }, null, "val_loss"));
+    $("scatter-chart-box").replaceChildren();
+    $("scatter-param").replaceChildren();
+  }
+
+  async function cancelSweep(id, button) {
+    if (button.disabled) return;
+    button.disabled = true;
+    try {
+      await api(`/sweeps/${id}/cancel`, { method: "POST" });
+      setStatus(`sweep ${id}: cancelled`, "ok");
+    } catch (e) {
+      if (e instanceof Unauthorized) { showAuth(); return; }
+      setStatus(`could not cancel sweep ${id}: ${e.message}`, "bad");
+    } finally {
+      button.disabled = false;
+    }
+    tick();
+  }
+
+  async function refreshSweep(id, current) {
+    let sweep;
+    try {
+      sweep = await api(`/sweeps/${id}`);
+    } catch (e) {
+      if (e instanceof ApiError && e.status === 404 && current()) {
+        $("sweep-missing").hidden = false;
+        setText($("sweep-missing"), `Sweep ${id} does not exist.`);
+        return;
+      }
+      throw e;
+    }
+    const trials = sweep.trials || [];
+    // The curves change only when a trial reports an epoch or changes state.
+    const curvesKey = JSON.stringify(trials.map((t) => [t.trial, t.state, t.failure, t.epoch, t.value, t.best]));
+    const curves = curvesKey !== sweepView.curvesKey ? await api(`/sweeps/${id}/curves`) : null;
+    if (!current() || sweepView.id !== id) return;
+    sweepView.sweep = sweep;
+
+    setText($("sweep-title"), sweep.name ? `Sweep ${id} · ${sweep.name}` : `Sweep ${id}`);
+    updateBadge($("sweep-state").firstChild, sweep.state);
+    const running = sweep.state === "running";
+    if (sweepView.cancel.hidden === running) sweepView.cancel.hidden = !running;
+    const counts = sweep.counts || {};
+    const ended = FINISHED_TRIAL.reduce((n, k) => n + (counts[k] || 0), 0);
+    updateProgress(sweepView.progress, { state: sweep.state, progress: { epoch: ended, epochs: sweep.max_trials } });
+
+    const spec = sweep.spec || {};
+    const best = sweep.best;
+    const t = sweepTime(sweep);
+    facts($("sweep-facts"), [
+      ["method", sweep.method + (spec.pruner ? ` · ${spec.pruner.type} pruner` : "")],
+      ["metric", `${sweep.metric} (${sweep.direction})`],
+      ["trials", `${sweep.trial_count} made of ${sweep.max_trials} · at most ${sweep.max_concurrent} at once`],
+      ["trial states", countsText(counts) || null],
+      ["best", best ? el("span", { "data-testid": "sweep-best" },
+        el("a", { href: `#/jobs/${best.job_id}`, text: `trial ${best.trial} (job ${best.job_id})` }),
+        ` · ${sweep.metric} ${fmtValue(best.value)} · ${paramsText(best.params)}`) : "no trial has a value yet"],
+      ["error", sweep.error || null],
+      ["created", fmtTime(sweep.created_at)],
+      ["finished", sweep.finished_at ? fmtTime(sweep.finished_at) : null],
+      [t.label, fmtDuration(t.s)],
+    ]);
+
+    const params = sweepParams(sweep);
+    renderTrials(sweep, trials, params);
+    renderScatterSelect(params);
+    const scatterKey = JSON.stringify([sweepView.param, trials.map((t) => [t.params, t.value, t.state, t.failure, t.best])]);
+    if (scatterKey !== sweepView.scatterKey) {
+      sweepView.scatterKey = scatterKey;
+      drawScatter();
+    }
+    if (curves) {
+      sweepView.curvesKey = curvesKey;
+      const total = Math.max(0, ...trials.map((t) => t.epochs).filter(isNum)) || null;
+      $("curves-chart-box").replaceChildren(curvesChart(curves, total, sweep.metric,
+        TERMINAL.has(sweep.state) ? "no epochs recorded" : "no epochs yet"));
+    }
+    const specKey = JSON.stringify(spec);
+    if (specKey !== sweepView.specKey) {
+      sweepView.specKey = specKey;
+      setText($("sweep-spec"), JSON.stringify(spec, null, 2));
+    }
+  }
+
+  /** The searched parameters in the spec's order (any a trial has beyond them after). */
+  function sweepParams(sweep) {
+    const names = Object.keys((sweep.spec && sweep.spec.parameters) || {});
+    for (const t of sweep.trials || []) for (const k of Object.keys(t.params || {})) if (!names.includes(k)) names.push(k);
+    return names;
+  }
+
+  // ---- one sweep: the trials table, sortable by any column ----------------------------------------------------
+
+  function trialColumns(sweep, params) {
+    return [
+      { key: "trial", label: "Trial", num: true, get: (t) => t.trial },
+      { key: "job", label: "Job", num: true, get: (t) => t.job_id },
+      { key: "state", label: "State", get: (t) => trialState(t) + (t.failure && t.failure !== "pruned" ? ` ${t.failure}` : "") },
+      ...params.map((p) => ({ key: `param:${p}`, label: p, num: true, param: p, get: (t) => (t.params || {})[p] })),
+      // best first on the first click, whichever way the metric goes
+      { key: "value", label: sweep.metric, num: true, get: (t) => t.value, first: sweep.direction === "maximize" ? -1 : 1 },
+      { key: "epoch", label: "Epoch", num: true, get: (t) => t.epoch },
+    ];
+  }
+
+  /** Numbers by value, anything else (lists, strings) by its text; missing values last either way. */
+  function compareValues(a, b) {
+    const none = (v) => v === null || v === undefined || (typeof v === "number" && !Number.isFinite(v));
+    if (none(a) || none(b)) return none(a) - none(b);
+    if (typeof a === "number" && typeof b === "number") return a - b;
+    const ta = typeof a === "string" ? a : JSON.stringify(a), tb = typeof b === "string" ? b : JSON.stringify(b);
+    return ta.localeCompare(tb, undefined, { numeric: true });
+  }
+
+  function sortTrials(trials, columns) {
+    const col = columns.find((c) => c.key === sweepView.sort.key) || columns[0];
+    const dir = sweepView.sort.dir;
+    return [...trials].sort((a, b) => {
+      const va = col.get(a), vb = col.get(b);
+      const missing = (va === null || va === undefined) - (vb === null || vb === undefined);
+      if (missing) return missing; // a trial with no value yet stays at the bottom in both directions
+      return compareValues(va, vb) * dir || a.trial - b.trial;
+    });
+  }
+
+  function renderTrialsHead(columns) {
+    $("trials-head").replaceChildren(...columns.map((c) => {
+      const active = sweepView.sort.key === c.key;
+      const sort = active ? (sweepView.sort.dir > 0 ? "ascending" : "descending") : "none";
+      return el("th", {
+        scope: "col", class: `sortable${c.num ? " num" : ""}`, "aria-sort": sort, "data-sort": c.key,
+        "data-testid": `trials-sort-${c.key}`,
+        onclick: () => {
+          sweepView.sort = active ? { key: c.key, dir: -sweepView.sort.dir } : { key: c.key, dir: c.first || 1 };
+          if (sweepView.sweep) renderTrials(sweepView.sweep, sweepView.sweep.trials || [], sweepParams(sweepView.sweep), true);
+        },
+      }, el("button", { type: "button", class: "sort", title: `sort by ${c.label}` }, c.label,
+        el("span", { class: "arrow", "aria-hidden": "true", text: active ? (sweepView.sort.dir > 0 ? " \u25B2" : " \u25BC") : "" })));
+    }));
+  }
+
+  function trialRow(t, sweep, params) {
+    const best = isBest(t, sweep);
+    const state = trialState(t);
+    const href = `#/jobs/${t.job_id}`;
+    const failure = t.failure && t.failure !== "pruned" ? el("span", { class: "muted failure", text: ` ${t.failure}` }) : null;
+    return el("tr", {
+      class: best ? "best" : null, "data-testid": `trial-row-${t.trial}`, "data-trial": t.trial, "data-job": t.job_id,
+      "data-state": state, "data-best": best ? "true" : "false",
+    },
+      el("td", { class: "num" }, el("a", { href, class: "num", text: `${t.trial}` }),
+        best ? el("span", { class: "best-tag", "data-testid": "best-trial", title: `the best ${sweep.metric} so far`, text: "best" }) : null),
+      el("td", { class: "num" }, el("a", { href, text: `job ${t.job_id}` })),
+      el("td", null, badge(state, `trial-state-${t.trial}`), failure),
+      params.map((p) => el("td", { class: "num", "data-param": p, text: valueText((t.params || {})[p]) })),
+      el("td", { class: "num", "data-testid": `trial-value-${t.trial}`, "data-value": isNum(t.value) ? t.value : "",
+                 title: isNum(t.value) ? String(t.value) : null, text: fmtValue(t.value) }),
+      el("td", { class: "num", text: isNum(t.epochs) ? `${t.epoch || 0}/${t.epochs}` : valueText(t.epoch) }));
+  }
+
+  function renderTrials(sweep, trials, params, force) {
+    const columns = trialColumns(sweep, params);
+    const columnsKey = JSON.stringify([columns.map((c) => [c.key, c.label]), sweepView.sort]);
+    if (columnsKey !== sweepView.columnsKey) {
+      sweepView.columnsKey = columnsKey;
+      renderTrialsHead(columns);
+      force = true;
+    }
+    // Rows are rebuilt only when their trial changed, so that a focused link survives polling.
+    const body = $("trials-body");
+    const seen = new Set();
+    sortTrials(trials, columns).forEach((t, i) => {
+      const key = JSON.stringify([t, isBest(t, sweep), params]);
+      let row = sweepView.rows.get(t.trial);
+      if (!row || row.key !== key || force) {
+        const tr = trialRow(t, sweep, params);
+        if (row) row.tr.replaceWith(tr);
+        row = { tr, key };
+        sweepView.rows.set(t.trial, row);
+      }
+      if (body.children[i] !== row.tr) body.insertBefore(row.tr, body.children[i] || null);
+      seen.add(t.trial);
+    });
+    for (const [n, row] of sweepView.rows) {
+      if (!seen.has(n)) {
+        row.tr.remove();
+        sweepView.rows.delete(n);
+      }
+    }
+    $("trials-empty").hidden = trials.length > 0;
+    setText($("trials-count"), `${trials.length} trial${trials.length === 1 ? "" : "s"}`);
+  }
+
+  // ---- one sweep: which parameter the scatter plot shows ----------------------------------------------------------
+
+  function renderScatterSelect(params) {
+    const select = $("scatter-param");
+    if (!params.includes(sweepView.param)) sweepView.param = params[0] || null;
+    const key = JSON.stringify(params);
+    if (select.dataset.params !== key) {
+      select.dataset.params = key;
+      select.replaceChildren(...params.map((p) => el("option", { value: p, text: p })));
+    }
+    if (sweepView.param !== null && select.value !== sweepView.param) select.value = sweepView.param;
+    // one parameter: nothing to choose
+    select.hidden = $("scatter-param-label").hidden = params.length < 2;
+  }
+
+  $("scatter-param").addEventListener("change", (ev) => {
+    sweepView.param = ev.target.value;
+    sweepView.scatterKey = null;
+    drawScatter();
+  });
+
+  function drawScatter() {
+    const sweep = sweepView.sweep;
+    if (!sweep || sweepView.param === null) {
+      $("scatter-chart-box").replaceChildren();
+      return;
+    }
+    const p = sweepView.param;
+    const param = ((sweep.spec && sweep.spec.parameters) || {})[p] || null;
+    const points = (sweep.trials || []).filter((t) => isNum(t.value) && t.params && p in t.params)
+      .map((t) => ({ x: t.params[p], y: t.value, trial: t.trial, state: trialState(t), best: isBest(t, sweep) }));
+    $("scatter-chart-box").replaceChildren(scatterChart({
+      testid: "scatter-chart", param: p, spec: param, metric: sweep.metric, points,
+      empty: TERMINAL.has(sweep.state) ? "no trial reported a value" : "no values yet",
+    }));
+  }
+
   // ---- charts (inline SVG) ----------------------------------------------------------------------------------
 
   function niceStep(range, count) {
@@ -665,21 +1046,42 @@
     return [...by.entries()].sort((a, b) => a[0] - b[0]);
   }
 
-  function lineChart({ testid, title, series, totalEpochs, yFixed, yFormat, empty }) {
+  /** A y range of whole ticks around the values, so that every point lies within the grid; [0, 1] if none. */
+  function niceRange(values) {
+    if (!values.length) return [0, 1];
+    let ymin = Math.min(...values), ymax = Math.max(...values);
+    if (ymin === ymax) { ymin -= Math.abs(ymin) * 0.1 || 0.5; ymax += Math.abs(ymax) * 0.1 || 0.5; }
+    const step = niceStep(ymax - ymin, 4);
+    const lo = Math.floor(ymin / step) * step;
+    // losses never go below 0
+    return [ymin >= 0 && lo < 0 ? 0 : lo, Math.ceil(ymax / step) * step];
+  }
+
+  /** Tick labels by format, with more digits where the format would label two ticks alike (a narrow range). */
+  function tickLabels(values, format) {
+    let labels = values.map((v) => format(v));
+    for (let p = 4; new Set(labels).size < labels.length && p <= 12; p++) {
+      labels = values.map((v) => Number(v.toPrecision(p)).toString());
+    }
+    return labels;
+  }
+
+  /** Grid lines and labels of a y axis on [ymin, ymax]. */
+  function yGrid(grid, ymin, ymax, y, L, R, W, yFormat) {
+    const values = ticks(ymin, ymax, 5);
+    const labels = tickLabels(values, yFormat);
+    values.forEach((v, i) => {
+      grid.append(svg("line", { x1: L, x2: W - R, y1: y(v), y2: y(v) }));
+      grid.append(svg("text", { x: L - 6, y: y(v) + 4, class: "tick y", text: labels[i] }));
+    });
+  }
+
+  function lineChart({ testid, title, series, totalEpochs, yFixed, yFormat, empty, legend }) {
     const W = 640, H = 260, L = 56, R = 16, T = 30, B = 36;
     const all = series.flatMap((s) => s.points);
     const epochs = new Set(all.map((p) => p[0]));
     const maxEpoch = Math.max(1, totalEpochs || 0, ...all.map((p) => p[0]));
-    let [ymin, ymax] = yFixed || [Math.min(...all.map((p) => p[1])), Math.max(...all.map((p) => p[1]))];
-    if (!all.length) [ymin, ymax] = yFixed || [0, 1];
-    if (!yFixed) {
-      // Widen to whole ticks, so that every point lies within the grid; losses never go below 0.
-      if (ymin === ymax) { ymin -= Math.abs(ymin) * 0.1 || 0.5; ymax += Math.abs(ymax) * 0.1 || 0.5; }
-      const step = niceStep(ymax - ymin, 4);
-      const lo = Math.floor(ymin / step) * step;
-      ymin = ymin >= 0 && lo < 0 ? 0 : lo;
-      ymax = Math.ceil(ymax / step) * step;
-    }
+    const [ymin, ymax] = yFixed || niceRange(all.map((p) => p[1]));
     const x = (e) => L + (maxEpoch === 1 ? (W - L - R) / 2 : ((e - 1) / (maxEpoch - 1)) * (W - L - R));
     const y = (v) => T + (1 - (v - ymin) / (ymax - ymin)) * (H - T - B);
 
@@ -689,10 +1091,7 @@
       "data-points": epochs.size, "aria-label": `${title}: ${counts} epochs plotted`,
     });
     const grid = svg("g", { class: "grid" });
-    for (const v of ticks(ymin, ymax, 5)) {
-      grid.append(svg("line", { x1: L, x2: W - R, y1: y(v), y2: y(v) }));
-      grid.append(svg("text", { x: L - 6, y: y(v) + 4, class: "tick y", text: yFormat(v) }));
-    }
+    yGrid(grid, ymin, ymax, y, L, R, W, yFormat);
     const xt = ticks(1, maxEpoch, Math.min(8, maxEpoch - 1 || 1)).filter((e) => Number.isInteger(e) && e >= 1);
     for (const e of (xt.length ? xt : [1])) {
       grid.append(svg("line", { x1: x(e), x2: x(e), y1: H - B, y2: H - B + 4, class: "tick-mark" }));
@@ -702,14 +1101,17 @@
     grid.append(svg("text", { x: (L + W - R) / 2, y: H - 3, class: "axis-label", text: "epoch" }));
     root.append(grid);
 
+    // Many series (a sweep's trials) share a few legend entries instead of one each.
     let lx = L;
-    series.forEach((s, i) => {
-      const legend = svg("g", { class: `legend ${s.cls}`, transform: `translate(${lx}, 12)` },
+    for (const entry of legend || series) {
+      root.append(svg("g", { class: `legend ${entry.cls}`, transform: `translate(${lx}, 12)` },
         svg("line", { x1: 0, x2: 18, y1: 0, y2: 0 }),
-        svg("text", { x: 24, y: 4, text: s.label }));
-      root.append(legend);
-      lx += 40 + s.label.length * 7.5;
-      const g = svg("g", { class: `series ${s.cls}`, "data-series": s.key, "data-points": s.points.length });
+        svg("text", { x: 24, y: 4, text: entry.label })));
+      lx += 40 + entry.label.length * 7.5;
+    }
+    series.forEach((s) => {
+      const g = svg("g", { class: `series ${s.cls}`, "data-series": s.key, "data-points": s.points.length,
+                           ...(s.attrs || {}) });
       if (s.points.length > 1) {
         g.append(svg("path", { d: s.points.map((p, j) => `${j ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" ") }));
       }
@@ -768,6 +1170,125 @@
       ],
       yFormat: (v, precise) => (precise ? fmtPct(v) : `${Math.round(v * 100)}%`),
     });
+  }
+
+  /** One point per epoch, the last reported winning (a retried trial reports its resumed epochs again). */
+  function lastPerEpoch(points) {
+    const by = new Map();
+    for (const [e, v] of points) if (isNum(e) && isNum(v)) by.set(e, v);
+    return [...by.entries()].sort((a, b) => a[0] - b[0]);
+  }
+
+  /** Every trial's curve of the sweep's metric: the best drawn heavier, pruned trials dashed. */
+  function curvesChart(curves, totalEpochs, metric, empty) {
+    const trials = curves.trials || [];
+    const series = trials.map((t) => {
+      const pruned = t.failure === "pruned";
+      const cls = ["s-trial", `tc-${t.trial % 8}`, t.best ? "best" : "", pruned ? "pruned" : "",
+                   !pruned && (t.state === "failed" || t.state === "cancelled") ? "stopped" : ""].filter(Boolean).join(" ");
+      return {
+        key: `trial-${t.trial}`, label: `trial ${t.trial}`, cls, points: lastPerEpoch(t.points || []),
+        attrs: { "data-trial": t.trial, "data-job": t.job_id, "data-best": t.best ? "true" : "false",
+                 "data-pruned": pruned ? "true" : "false" },
+      };
+    });
+    // The best last, so that it is drawn over the others.
+    series.sort((a, b) => (a.attrs["data-best"] === "true") - (b.attrs["data-best"] === "true"));
+    const best = trials.find((t) => t.best);
+    const legend = [
+      ...(best ? [{ label: `best (trial ${best.trial})`, cls: `s-trial tc-${best.trial % 8} best` }] : []),
+      { label: "other trials", cls: "s-trial legend-plain" },
+      ...(trials.some((t) => t.failure === "pruned") ? [{ label: "pruned", cls: "s-trial pruned legend-plain" }] : []),
+    ];
+    return lineChart({
+      testid: "curves-chart", title: `${curves.metric || metric} per epoch, every trial`, totalEpochs, empty,
+      series, legend: trials.length ? legend : [],
+      yFormat: (v, precise) => (precise ? fmtValue(v) : Number(v.toPrecision(3)).toString()),
+    });
+  }
+
+  /** Tick values of a log axis: 1, 2, 5 x 10^k in range (powers of ten alone when those are too many). */
+  function logTicks(lo, hi) {
+    const out = [];
+    for (let k = Math.floor(Math.log10(lo)); k <= Math.ceil(Math.log10(hi)); k++) {
+      for (const m of [1, 2, 5]) {
+        const v = Number((m * 10 ** k).toPrecision(12));
+        if (v >= lo * (1 - 1e-9) && v <= hi * (1 + 1e-9)) out.push(v);
+      }
+    }
+    if (out.length > 8) return out.filter((v) => Number.isInteger(Math.round(Math.log10(v) * 1e6) / 1e6));
+    return out.length >= 2 ? out : [lo, hi];
+  }
+
+  const fmtTick = (v) => (v !== 0 && Math.abs(v) < 1e-3 ? v.toExponential(0) : Number(v.toPrecision(3)).toString());
+
+  /** A parameter (x) against the metric (y), one point per trial with a value. Ranges use the searched interval (a
+   * log axis where the range was searched on a log scale); choices are evenly spaced categories in the spec's order. */
+  function scatterChart({ testid, param, spec, metric, points, empty }) {
+    const W = 640, H = 260, L = 56, R = 16, T = 30, B = 36, PAD = 14;
+    const key = (v) => (typeof v === "string" ? v : JSON.stringify(v));
+    const numeric = spec ? spec.type !== "choice" : points.every((p) => isNum(p.x));
+    let scale, xTicks, x;
+    if (numeric) {
+      const xs = points.map((p) => p.x).filter(isNum);
+      let lo = Math.min(...xs, ...(spec && isNum(spec.low) ? [spec.low] : []));
+      let hi = Math.max(...xs, ...(spec && isNum(spec.high) ? [spec.high] : []));
+      if (!Number.isFinite(lo)) [lo, hi] = [0, 1];
+      const log = Boolean(spec && spec.log) && lo > 0;
+      scale = log ? "log" : "linear";
+      const f = log ? Math.log10 : (v) => v;
+      const [flo, fhi] = [f(lo), f(hi)];
+      x = (v) => (fhi === flo ? (L + W - R) / 2 : L + PAD + ((f(v) - flo) / (fhi - flo)) * (W - L - R - 2 * PAD));
+      const at = log ? logTicks(lo, hi) : ticks(lo, hi, 6);
+      const labels = tickLabels(at, fmtTick);
+      xTicks = at.map((v, i) => [x(v), labels[i]]);
+    } else {
+      scale = "category";
+      const cats = spec ? spec.values.map(key) : [];
+      for (const p of points) if (!cats.includes(key(p.x))) cats.push(key(p.x));
+      const at = (i) => L + ((i + 0.5) / Math.max(1, cats.length)) * (W - L - R);
+      x = (v) => at(cats.indexOf(key(v)));
+      xTicks = cats.map((c, i) => {
+        const text = spec && i < spec.values.length ? valueText(spec.values[i]) : c;
+        return [at(i), text.length > 14 ? text.slice(0, 13) + "\u2026" : text];
+      });
+    }
+    // A margin above and below, so that no point sits on the axis.
+    const ys = points.map((p) => p.y);
+    const margin = ys.length ? (Math.max(...ys) - Math.min(...ys)) * 0.08 : 0;
+    const low = ys.length && Math.min(...ys) >= 0 ? Math.max(0, Math.min(...ys) - margin) : Math.min(...ys) - margin;
+    const [ymin, ymax] = niceRange(ys.length ? [low, Math.max(...ys) + margin] : []);
+    const y = (v) => T + (1 - (v - ymin) / (ymax - ymin)) * (H - T - B);
+
+    const root = svg("svg", {
+      viewBox: `0 0 ${W} ${H}`, class: "chart scatter", role: "img", "data-testid": testid, "data-points": points.length,
+      "data-scale": scale, "data-param": param,
+      "aria-label": `${metric} against ${param} (${scale} axis): ${points.length} trials plotted`,
+    });
+    const grid = svg("g", { class: "grid" });
+    const yFormat = (v) => Number(v.toPrecision(3)).toString();
+    yGrid(grid, ymin, ymax, y, L, R, W, yFormat);
+    for (const [at, text] of xTicks) {
+      grid.append(svg("line", { x1: at, x2: at, y1: H - B, y2: H - B + 4, class: "tick-mark" }));
+      grid.append(svg("text", { x: at, y: H - B + 17, class: "tick x", text }));
+    }
+    grid.append(svg("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, class: "axis" }));
+    grid.append(svg("text", { x: (L + W - R) / 2, y: H - 3, class: "axis-label",
+                              text: `${param}${scale === "log" ? " (log scale)" : ""}` }));
+    grid.append(svg("text", { x: L, y: 14, class: "axis-label y-label", text: metric }));
+    root.append(grid);
+
+    const g = svg("g", { class: "points" });
+    // The best last, so that it is drawn over the others.
+    for (const p of [...points].sort((a, b) => a.best - b.best)) {
+      g.append(svg("circle", {
+        cx: x(p.x).toFixed(1), cy: y(p.y).toFixed(1), r: p.best ? 6 : 4,
+        class: `pt state-${p.state}${p.best ? " best" : ""}`, "data-trial": p.trial, "data-best": p.best ? "true" : "false",
+      }, svg("title", { text: `trial ${p.trial}${p.best ? " (best)" : ""} · ${param} ${valueText(p.x)} · ${metric} ${fmtValue(p.y)}` })));
+    }
+    root.append(g);
+    if (!points.length) root.append(svg("text", { x: W / 2, y: H / 2, class: "empty", text: empty || "no values yet" }));
+    return root;
   }
 
   // ---- start -----------------------------------------------------------------------------------------------------
