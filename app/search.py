@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 from sqlalchemy import func, insert, select
 from sqlalchemy.engine import Engine
 
-from trainyard.app import admission, queue, sweeps
+from trainyard.app import admission, queue, sweeps, wakeup
 from trainyard.app.db import metrics, read, sweep_log, write
 from trainyard.app.errors import Invalid
 from trainyard.app.records import Job
@@ -134,7 +134,9 @@ class Searcher:
         self.driver = f"{settings.node}:{Path(settings.data_dir).resolve()}"[-200:]
         self.studies: dict[int, optuna.Study] = {}
         self.held: dict[int, float] = {}  # sweep id -> when (monotonic) our lease on it wants renewing
-        self.wake = threading.Event()
+        # Woken as idle workers are (app/wakeup.py): a trial's job that ends is followed by the next
+        # trial at once, not at the next poll. Created by the process that holds the sweeps lock.
+        self.listener: wakeup.Listener | None = None
 
     def run(self, stop: threading.Event, lock_path: Path) -> None:
         """The loop of the one server process of this host that holds the sweeps lock."""
@@ -145,6 +147,7 @@ class Searcher:
                     try:
                         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                         held = True
+                        self.listener = wakeup.Listener(self.engine, "sweeps")
                     except BlockingIOError:
                         stop.wait(IDLE_S)
                         continue
@@ -153,8 +156,14 @@ class Searcher:
                 except Exception:
                     log.exception("sweeps")
                     busy = False
-                self.wake.wait(PASS_S if busy else IDLE_S)
-                self.wake.clear()
+                self.listener.wait(PASS_S if busy else IDLE_S)
+            if self.listener is not None:
+                self.listener.close()
+
+    def poke(self) -> None:
+        """A pass now (a sweep was submitted, or the server stops), if this process drives sweeps."""
+        if self.listener is not None:
+            self.listener.interrupt()
 
     def pass_once(self) -> bool:
         """Advance each running sweep once; True while any runs."""

@@ -43,7 +43,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         searching.start()
         yield
         stop.set()
-        app.state.searcher.wake.set()
+        app.state.searcher.poke()
         reaper.join(timeout=5)
         searching.join(timeout=5)
         app.state.reader.dispose()

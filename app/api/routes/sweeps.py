@@ -45,7 +45,7 @@ async def submit_sweep(spec: Annotated[SweepSpec, Body(openapi_examples={"tpe": 
     row = await run_in_threadpool(sweeps.create, engine, settings, spec)
     searcher = getattr(request.app.state, "searcher", None)
     if searcher is not None:
-        searcher.wake.set()  # this process may be the one that drives sweeps: start the trials now
+        searcher.poke()  # this process may be the one that drives sweeps: start the trials now
     return as_json(sweep_fields(row, []), 201)
 
 
