@@ -578,9 +578,10 @@ class SweepSpec(_Strict):
 
     @property
     def trials(self) -> int:
-        if self.max_trials is not None:
-            return self.max_trials
-        return self.grid_size() if self.method == "grid" else 20
+        """Trials to make: max_trials, 20 by default; a grid's size at most (each combination once)."""
+        if self.method == "grid":
+            return min(self.grid_size(), self.max_trials or MAX_SWEEP_TRIALS)
+        return self.max_trials or 20
 
     def grid(self) -> dict[str, list]:
         """Every parameter's values, for the grid: choices, int ranges, and float ranges with a step."""

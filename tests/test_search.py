@@ -78,6 +78,7 @@ def test_a_grid_enumerates_choices_and_stepped_ranges():
     assert spec.grid() == {"train.batch_size": [16, 32, 48, 64], "train.lr": [0.1, 0.2, 0.3],
                            "model.hidden": [[8], [16, 16]]}
     assert spec.grid_size() == spec.trials == 24
+    assert sweep_spec(method="grid", max_trials=50, parameters=spec.parameters).trials == 24  # each once
     with pytest.raises(ValueError, match="no finite set"):
         sweep_spec(method="grid", parameters={"train.lr": {"type": "float", "low": 0.1, "high": 0.3}}).grid()
 
