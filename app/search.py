@@ -270,7 +270,8 @@ class Searcher:
             for epoch, value in self.reports(job.id, spec.metric, max(frozen.intermediate_values, default=0)):
                 trial.report(value, epoch)
                 # Asked on every epoch, of ended jobs too: ASHA notes each trial's value at each rung then.
-                if trial.should_prune() and job.state == JobState.RUNNING:
+                # A job that has reported its last epoch is only saving its model: let it finish.
+                if trial.should_prune() and job.state == JobState.RUNNING and (job.epoch or 0) < (job.epochs or 0):
                     why = error_record(Failure.PRUNED, "Pruned", _prune_reason(spec, epoch, value))
                     if queue.stop(self.engine, [job.id], why, states=(queue.RUNNING,), final=queue.FAILED):
                         study.tell(frozen.number, state=TrialState.PRUNED)

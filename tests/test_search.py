@@ -190,9 +190,9 @@ def test_the_median_rule_prunes_a_poor_trial_which_keeps_its_metrics(engine, set
     assert not queue.still_ours(engine, bad.id, bad.claim)  # its worker stops the process
     assert sweeps.counts(trial_jobs(engine, row["id"]))["pruned"] == 1
     assert len(trial_jobs(engine, row["id"])) == 3  # and the sweep goes on
-    good = run_trial(engine, [0.8, 0.5], finish=False)  # better than the median: carries on
+    late = run_trial(engine, [1.2, 1.2, 1.2, 1.2], finish=False)  # worse, but its last epoch is in: saving
     s.pass_once()
-    assert queue.get_job(engine, good.id).state == "running"
+    assert queue.get_job(engine, late.id).state == "running"
 
 
 def test_failing_trials_end_the_sweep_and_a_cancel_stops_the_rest(engine, settings):
