@@ -31,6 +31,7 @@ bench: setup
 	$(BIN)/python -m bench.api
 	$(BIN)/python -m bench.run_overhead --rounds 3
 	$(BIN)/python -m bench.ddp --rounds 3
+	$(BIN)/python -m bench.sweep
 
 # On a CUDA host: the CUDA-marked tests, real jobs on the GPUs through the service, the throughput
 # benchmark on cuda:0; one table, with what was skipped and why (bench/gpu_check.py).

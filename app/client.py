@@ -96,10 +96,12 @@ class Client:
     def events(self, job_id: int, last_event_id: str | None = None) -> Iterator[dict]:
         """The job's Server-Sent Events until it ends: {"event": "state"|"epoch"|"end", "id": ..., "data": {...}}.
         After a dropped connection, pass the last event's id to get only what came since."""
+        return self._stream_events(f"/jobs/{job_id}/events", last_event_id)
+
+    def _stream_events(self, path: str, last_event_id: str | None) -> Iterator[dict]:
         headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
         try:
-            with self._http.stream("GET", f"/jobs/{job_id}/events", headers=headers,
-                                   timeout=httpx.Timeout(30, read=None)) as r:
+            with self._http.stream("GET", path, headers=headers, timeout=httpx.Timeout(30, read=None)) as r:
                 if r.is_error:
                     r.read()
                     check(r)
@@ -138,6 +140,48 @@ class Client:
             raise
         os.replace(tmp, out)
         return out
+
+    # -- sweeps -----------------------------------------------------------------------------------
+
+    def submit_sweep(self, spec: dict) -> dict:
+        """Start a hyperparameter sweep: {"job": ..., "parameters": {"train.lr": {...}}, "method": ..., ...}."""
+        return self.request("POST", "/sweeps", json=spec).json()
+
+    def sweep(self, sweep_id: int) -> dict:
+        """The sweep with its trials (by trial number)."""
+        return self.request("GET", f"/sweeps/{sweep_id}").json()
+
+    def sweeps(self, **filters) -> dict:
+        """A page of sweeps, newest first, without their trials: {"data": [...], "count": n}; filters: state,
+        limit, offset."""
+        return self.request("GET", "/sweeps", params={k: v for k, v in filters.items() if v is not None}).json()
+
+    def sweep_trials(self, sweep_id: int) -> list[dict]:
+        return self.request("GET", f"/sweeps/{sweep_id}/trials").json()
+
+    def sweep_curves(self, sweep_id: int) -> dict:
+        """Each trial's [epoch, metric value] points."""
+        return self.request("GET", f"/sweeps/{sweep_id}/curves").json()
+
+    def cancel_sweep(self, sweep_id: int) -> dict:
+        """Stop making trials and cancel the queued and running ones."""
+        return self.request("POST", f"/sweeps/{sweep_id}/cancel").json()
+
+    def sweep_events(self, sweep_id: int, last_event_id: str | None = None) -> Iterator[dict]:
+        """The sweep's Server-Sent Events until it ends: "sweep" (the sweep without its trials) when it changes,
+        "trial" (one trial) when a trial's state, epoch or value changes, then "end" {"id", "state"}."""
+        return self._stream_events(f"/sweeps/{sweep_id}/events", last_event_id)
+
+    def wait_sweep(self, sweep_id: int, timeout: float | None = None) -> dict:
+        """The sweep once it has ended (succeeded, failed or cancelled); TimeoutError after timeout seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            sweep = self.sweep(sweep_id)
+            if sweep["state"] in TERMINAL:
+                return sweep
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"sweep {sweep_id} is still {sweep['state']} after {timeout} s")
+            time.sleep(0.5)
 
     # -- the service ------------------------------------------------------------------------------
 

@@ -253,7 +253,7 @@ def test_a_grid_tries_each_combination_once_across_passes_and_processes(engine, 
 
 def test_asha_keeps_the_best_fraction_at_each_rung(engine, settings):
     spec = sweep_spec(max_trials=4, max_concurrent=1, pruner={"type": "asha", "min_epochs": 1, "reduction_factor": 2})
-    row = sweeps.create(engine, settings, spec)
+    sweeps.create(engine, settings, spec)
     s = search.Searcher(engine, settings)
     s.pass_once()
     run_trial(engine, [0.5, 0.4, 0.3, 0.2])

@@ -1,24 +1,31 @@
 """Client commands: submit, jobs, status, watch, logs, cancel, retry, download, devices, workers, drain,
-undrain, upload."""
+undrain, upload; and the sweeps': sweep, sweeps, sweep-status, sweep-watch, sweep-cancel."""
 import argparse
+import datetime as dt
 import json
 import sys
 import time
 from pathlib import Path
 
 from rich.table import Table
+from rich.text import Text
 
 from trainyard.app.cli.output import (
     console,
+    counts_text,
     err,
     error,
     follow_bar,
     follow_lines,
+    follow_sweep_table,
     job_table,
     mib,
+    number,
     progress_text,
+    say_best,
     say_failure,
     show,
+    sweep_summary,
 )
 from trainyard.app.client import TERMINAL, APIError, Client
 from trainyard.app.states import JobState
@@ -62,6 +69,17 @@ def add_commands(sub) -> None:
     up = add("upload", cmd_upload, "upload a dataset (.csv, .npz, ImageFolder .zip)")
     up.add_argument("file")
     up.add_argument("--label-column", help="CSV: the column of class labels")
+    sw = add("sweep", cmd_sweep, "start a hyperparameter sweep from a JSON file ('-' for stdin)")
+    sw.add_argument("file")
+    sw.add_argument("--follow", action="store_true", help="show a live table of its trials until it ends, then "
+                                                          "its best trial")
+    sl = add("sweeps", cmd_sweeps, "list sweeps, newest first")
+    sl.add_argument("--state")
+    sl.add_argument("--limit", type=int, default=50)
+    for name, fn, help in (("sweep-status", cmd_sweep_status, "show a sweep and its trials"),
+                           ("sweep-watch", cmd_sweep_watch, "show a sweep's live table of trials until it ends"),
+                           ("sweep-cancel", cmd_sweep_cancel, "cancel a sweep and its unfinished trials")):
+        add(name, fn, help).add_argument("id", type=int)
 
 
 def run(fn, args) -> int:
@@ -72,11 +90,18 @@ def run(fn, args) -> int:
             return error(exc, args.json)
 
 
-def cmd_submit(client: Client, args) -> int:
+def read_json(path: str, what: str):
+    """The JSON in a file ('-': stdin); None, said on stderr, when it cannot be read."""
     try:
-        body = json.loads(Path(args.file).read_text()) if args.file != "-" else json.load(sys.stdin)
+        return json.loads(Path(path).read_text()) if path != "-" else json.load(sys.stdin)
     except (OSError, ValueError) as exc:
-        err.print(f"[red]cannot read a JSON job from {args.file}: {exc}[/red]", highlight=False)
+        err.print(f"cannot read a JSON {what} from {path}: {exc}", style="red", markup=False, highlight=False)
+        return None
+
+
+def cmd_submit(client: Client, args) -> int:
+    body = read_json(args.file, "job")
+    if body is None:
         return 2
     job = client.submit(body)
     if args.follow:
@@ -200,3 +225,62 @@ def cmd_upload(client: Client, args) -> int:
 
     show(client.upload(args.file, args.label_column), args.json, render)
     return 0
+
+
+def cmd_sweep(client: Client, args) -> int:
+    body = read_json(args.file, "sweep")
+    if body is None:
+        return 2
+    sweep = client.submit_sweep(body)
+    if not args.follow:
+        show(sweep, args.json, sweep_summary)
+        return 0 if sweep["state"] not in (JobState.FAILED, JobState.CANCELLED) else 1
+    return watch_sweep(client, sweep["id"], args.json)
+
+
+def cmd_sweep_watch(client: Client, args) -> int:
+    return watch_sweep(client, args.id, args.json)
+
+
+def watch_sweep(client: Client, sweep_id: int, as_json: bool) -> int:
+    """The live table until the sweep ends, then its best trial; 0 only when the sweep succeeded."""
+    sweep = follow_sweep_table(client, sweep_id)
+    show(sweep, as_json, say_best)  # the table stays on stderr: stdout gets only the answer
+    return 0 if sweep["state"] == JobState.SUCCEEDED else 1
+
+
+def cmd_sweep_status(client: Client, args) -> int:
+    show(client.sweep(args.id), args.json, sweep_summary)
+    return 0
+
+
+def cmd_sweep_cancel(client: Client, args) -> int:
+    show(client.cancel_sweep(args.id), args.json, sweep_summary)
+    return 0
+
+
+def cmd_sweeps(client: Client, args) -> int:
+    page = client.sweeps(state=args.state, limit=args.limit)
+
+    def render(page: dict) -> None:
+        t = Table("id", "name", "state", "method", "metric", "trials", "counts", "best", "created")
+        for s in page["data"]:
+            best = s.get("best")
+            t.add_row(str(s["id"]), Text(s.get("name") or ""), s["state"], s["method"],
+                      f"{s['metric']} ({s.get('direction') or '?'})",
+                      f"{s.get('trial_count') or 0}/{s.get('max_trials') or '?'}", counts_text(s.get("counts") or {}),
+                      f"{number(best['value'])} (trial {best['trial']})" if best else "-", when(s.get("created_at")))
+        console.print(t)
+        console.print(f"{len(page['data'])} of {page['count']} sweeps")
+
+    show(page, args.json, render)
+    return 0
+
+
+def when(t) -> str:
+    """A time from the API, epoch seconds or ISO text, as local 'YYYY-MM-DD HH:MM:SS'."""
+    if t is None:
+        return ""
+    if isinstance(t, (int, float)):
+        return f"{dt.datetime.fromtimestamp(t):%Y-%m-%d %H:%M:%S}"
+    return str(t)[:19].replace("T", " ")
