@@ -574,6 +574,7 @@ class SweepSpec(_Strict):
 
     @property
     def goal(self) -> str:
+        """The direction: as given, or maximize for a metric that grows better (val_accuracy)."""
         return self.direction or ("maximize" if HIGHER_IS_BETTER.get(self.metric) else "minimize")
 
     @property

@@ -20,6 +20,7 @@ from trainyard.app.errors import Conflict, Invalid, NotFound
 from trainyard.app.records import Job
 from trainyard.app.settings import Settings
 from trainyard.app.spec import (
+    HIGHER_IS_BETTER,
     INTEGER,
     MAX_SWEEP_TRIALS,
     OTHER,
@@ -168,7 +169,8 @@ def best_trial(spec: dict, found: list[Job]) -> Job | None:
 
 
 def _goal(spec: dict) -> str:
-    return spec.get("direction") or ("maximize" if spec["metric"] == "val_accuracy" else "minimize")
+    """SweepSpec.goal of a stored spec, without validating it again."""
+    return spec.get("direction") or ("maximize" if HIGHER_IS_BETTER.get(spec["metric"]) else "minimize")
 
 
 def counts(found: list[Job]) -> dict[str, int]:
