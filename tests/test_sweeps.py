@@ -3,12 +3,14 @@ a server restart in the middle of a sweep, cancel, the events stream and /metric
 import json
 import statistics
 import time
+from contextlib import nullcontext
 from datetime import datetime
 
 import httpx
 import pytest
 
-from tests.conftest import slow_job, tiny_job
+from bench.common import postgres_schema
+from tests.conftest import BACKENDS, slow_job, tiny_job
 from tests.service import ROOT, Service, serving
 
 pytestmark = pytest.mark.slow
@@ -159,16 +161,25 @@ def test_cancelling_a_sweep_stops_its_trials_and_makes_no_more(live):
         assert c.post(f"/sweeps/{made['id']}/cancel").status_code == 409
 
 
-def test_a_server_restart_in_the_middle_of_a_sweep_loses_nothing(tmp_path):
-    svc = Service(tmp_path / "data").start_server()
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_server_restart_in_the_middle_of_a_sweep_loses_nothing(tmp_path, backend):
+    """On PostgreSQL too, where the driver is woken by LISTEN/NOTIFY and its lease is the database's."""
+    with (postgres_schema("sweep") if backend == "postgres" else nullcontext("")) as url:
+        restart_mid_sweep(Service(tmp_path / "data", url))
+
+
+def restart_mid_sweep(svc: Service) -> None:
+    svc.start_server()
     try:
         svc.start_worker("cpu")
         made = start(svc, job=iris(300, batch_size=8), method="random", max_trials=6, max_concurrent=1,
                      parameters={"train.lr": {"type": "float", "low": 1e-3, "high": 0.1, "log": True}})
         with svc.client() as c:
             svc.wait_until(lambda: c.get(f"/sweeps/{made['id']}").json()["counts"]["succeeded"] >= 2, 60, "two done")
+            before = c.get(f"/sweeps/{made['id']}").json()
         svc.server.kill()
         svc.server.wait()
+        assert before["state"] == "running" and before["trial_count"] < 6  # killed in the middle
         time.sleep(1)  # trials go on without the server; nothing new is asked meanwhile
         svc.start_server()
         done = wait_sweep(svc, made["id"])
