@@ -42,11 +42,6 @@ def job(lr: float | None = None) -> dict:
     return {**TINY_JOB, "name": "bench-sweep", "train": train}
 
 
-def ts(v) -> float:
-    """A time from the API: epoch seconds (sweeps) or ISO text (jobs)."""
-    return float(v) if isinstance(v, (int, float)) else iso_s(v)
-
-
 def jobs_by_id(c, ids: set[int]) -> list[dict]:
     page = c.get("/jobs", params={"limit": 500}).raise_for_status().json()["data"]
     return [j for j in page if j["id"] in ids]
@@ -94,7 +89,7 @@ def by_sweep(svc, c, values: list[float], concurrent: int) -> dict:
     ended = sorted(iso_s(j["finished_at"]) for j in jobs)
     refills = [1000 * (made[k] - ended[k - concurrent]) for k in range(concurrent, len(made))]
     return {"wall": wall, **stats, "refill_ms": pct(refills, 50) if refills else None,
-            "db_span": ts(sweep["finished_at"]) - ts(sweep["created_at"])}
+            "db_span": iso_s(sweep["finished_at"]) - iso_s(sweep["created_at"])}
 
 
 def job_stats(jobs: list[dict]) -> dict:

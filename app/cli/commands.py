@@ -1,7 +1,6 @@
 """Client commands: submit, jobs, status, watch, logs, cancel, retry, download, devices, workers, drain,
 undrain, upload; and the sweeps': sweep, sweeps, sweep-status, sweep-watch, sweep-cancel."""
 import argparse
-import datetime as dt
 import json
 import sys
 import time
@@ -277,10 +276,6 @@ def cmd_sweeps(client: Client, args) -> int:
     return 0
 
 
-def when(t) -> str:
-    """A time from the API, epoch seconds or ISO text, as local 'YYYY-MM-DD HH:MM:SS'."""
-    if t is None:
-        return ""
-    if isinstance(t, (int, float)):
-        return f"{dt.datetime.fromtimestamp(t):%Y-%m-%d %H:%M:%S}"
-    return str(t)[:19].replace("T", " ")
+def when(t: str | None) -> str:
+    """A time from the API (ISO 8601, UTC) as 'YYYY-MM-DD HH:MM:SS'."""
+    return "" if t is None else t[:19].replace("T", " ")
