@@ -117,16 +117,13 @@ def cancel(engine: Engine, job_id: int) -> Job:
     """Cancel a queued or running job. A running job's worker sees its fence fail and stops the process."""
     error = error_record(Failure.CANCELLED, "Cancelled", "cancelled by request")
     with write(engine) as conn:
-        row = conn.execute(select(jobs.c.state, jobs.c.errors, jobs.c.attempt).where(jobs.c.id == job_id)).first()
+        row = conn.execute(select(jobs.c.id, jobs.c.state, jobs.c.errors, jobs.c.attempt)
+                           .where(jobs.c.id == job_id)).first()
         if row is None:
             raise NotFound(f"job {job_id} not found")
         if row.state not in (QUEUED, RUNNING):
             raise Conflict(f"job {job_id} is {row.state}; only queued or running jobs can be cancelled")
-        new = conn.execute(
-            update(jobs).where(jobs.c.id == job_id, jobs.c.state == row.state)
-            .values(state=CANCELLED, finished_at=db_now(), lease_expires_at=None,
-                    error=error, errors=[*(row.errors or []), {**error, "attempt": row.attempt}])
-            .returning(jobs)).one()
+        new = _end(conn, row, CANCELLED, error)
         wakeup.notify(conn)  # a queued job's cancel can unblock the line behind it
     return Job.from_row(new)
 
@@ -137,20 +134,23 @@ def stop(engine: Engine, job_ids: list[int], error: dict, states: tuple[str, ...
     one guarded UPDATE per job, so a job that has just ended keeps its own ending. The jobs' workers see
     their fence fail and stop the processes (within FENCE_CHECK_S plus the kill grace); the metrics
     recorded so far stay. Returns the ids it ended."""
-    ended = []
     with write(engine) as conn:
         rows = conn.execute(select(jobs.c.id, jobs.c.state, jobs.c.errors, jobs.c.attempt)
                             .where(jobs.c.id.in_(job_ids), jobs.c.state.in_(states))).all()
-        for row in rows:
-            res = conn.execute(
-                update(jobs).where(jobs.c.id == row.id, jobs.c.state == row.state)
-                .values(state=final, finished_at=db_now(), lease_expires_at=None, error=error,
-                        errors=[*(row.errors or []), {**error, "attempt": row.attempt}]))
-            if res.rowcount == 1:
-                ended.append(row.id)
+        ended = [row.id for row in rows if _end(conn, row, final, error) is not None]
         if ended:
             wakeup.notify(conn)
     return ended
+
+
+def _end(conn, row, final: str, error: dict):
+    """End a job that was in row.state (guarded by it) as `final` with `error` added to its history;
+    the new row, or None if its state changed first."""
+    return conn.execute(
+        update(jobs).where(jobs.c.id == row.id, jobs.c.state == row.state)
+        .values(state=final, finished_at=db_now(), lease_expires_at=None, error=error,
+                errors=[*(row.errors or []), {**error, "attempt": row.attempt}])
+        .returning(jobs)).first()
 
 
 def retry(engine: Engine, job_id: int) -> Job:
