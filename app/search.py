@@ -66,7 +66,7 @@ class Journal(BaseJournalBackend):
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
         with write(self.engine) as conn:
-            if conn.execute(select(sweeps.sweeps.c.id).where(sweeps._driven(self.sweep_id, self.driver))
+            if conn.execute(select(sweeps.sweeps.c.id).where(sweeps.driven(self.sweep_id, self.driver))
                             .with_for_update()).first() is None:
                 raise LostSweep(f"sweep {self.sweep_id} is no longer driven by {self.driver}")
             seq = conn.execute(select(func.coalesce(func.max(sweep_log.c.seq) + 1, 0))
@@ -91,20 +91,19 @@ def distributions(spec: SweepSpec) -> dict[str, Any]:
     return out
 
 
-def decode(spec: SweepSpec, params: dict[str, Any]) -> dict[str, Any]:
+def decode(dists: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     """A trial's values as the job takes them (the choices back from their JSON)."""
-    dists = distributions(spec)
     return {path: json.loads(v) if isinstance(dists[path], CategoricalDistribution) else v
             for path, v in params.items()}
 
 
-def sampler(spec: SweepSpec, made: int) -> optuna.samplers.BaseSampler:
+def sampler(spec: SweepSpec, dists: dict[str, Any], made: int) -> optuna.samplers.BaseSampler:
     """Seeded by the sweep's seed and the trials made so far: a sweep carried on by another process
     after a restart draws what an uninterrupted one would have, given the same results."""
     seed = (spec.seed * 1_000_003 + made) % 2**32
     if spec.method == "grid":
         # Its seed shuffles the grid, whose ids its trials hold: the same seed for every instance.
-        return optuna.samplers.GridSampler({p: d.choices for p, d in distributions(spec).items()}, seed=spec.seed)
+        return optuna.samplers.GridSampler({p: d.choices for p, d in dists.items()}, seed=spec.seed)
     if spec.method == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     with warnings.catch_warnings():
@@ -172,16 +171,14 @@ class Searcher:
             self.forget(gone)
         for sweep_id in active:
             try:
-                if time.monotonic() < self.held.get(sweep_id, 0.0) or \
-                        sweeps.take(self.engine, sweep_id, self.driver, LEASE_S):
-                    self.held.setdefault(sweep_id, time.monotonic() + LEASE_S / 3)
-                    self.advance(sweep_id)
-                else:
-                    self.forget(sweep_id)  # another host drives it: our copy of its study would go stale
+                if time.monotonic() >= self.held.get(sweep_id, 0.0):  # the lease wants renewing
+                    if not sweeps.take(self.engine, sweep_id, self.driver, LEASE_S):
+                        self.forget(sweep_id)  # another host drives it: our copy of its study would go stale
+                        continue
+                    self.held[sweep_id] = time.monotonic() + LEASE_S / 3
+                self.advance(sweep_id)
             except LostSweep:
                 self.forget(sweep_id)
-            if time.monotonic() >= self.held.get(sweep_id, 0.0):
-                self.held.pop(sweep_id, None)  # renewed (taken again) next pass
         return bool(active)
 
     def forget(self, sweep_id: int) -> None:
@@ -207,11 +204,12 @@ class Searcher:
         # Tells go through the sampler's after_trial hook; the grid's would stop a study it thinks runs
         # under optimize(). Asks below set the sweep's own sampler.
         study.sampler = optuna.samplers.RandomSampler()
+        dists = distributions(spec)
         found = {j.sweep["trial"]: j for j in sweeps.trials(self.engine, [sweep_id])[sweep_id]}
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             job = found.get(trial.number)
             if job is None:  # asked, but the process stopped before its job was inserted
-                job = self.enqueue(sweep_id, spec, trial.number, decode(spec, trial.params))
+                job = self.enqueue(sweep_id, spec, trial.number, decode(dists, trial.params))
                 if job is None:
                     return
                 found[trial.number] = job
@@ -227,11 +225,10 @@ class Searcher:
             return
         active = sum(t.state == TrialState.RUNNING for t in trials)
         made = len(trials)
-        dists = distributions(spec)
         while made < spec.trials and active < spec.max_concurrent:
-            study.sampler = sampler(spec, made)
+            study.sampler = sampler(spec, dists, made)
             trial = study.ask(dists)
-            if self.enqueue(sweep_id, spec, trial.number, decode(spec, trial.params)) is None:
+            if self.enqueue(sweep_id, spec, trial.number, decode(dists, trial.params)) is None:
                 return
             made, active = made + 1, active + 1
         if row["trial_count"] != made or row["error"] is not None:

@@ -46,7 +46,8 @@ ADMIT_VALUES = 8
 
 def admit(engine: Engine, settings: Settings, spec: SweepSpec) -> None:
     """Refuse a sweep that cannot run, naming the field: each path must be a field of the base job,
-    ranges only on numbers, and every value checked must make a job the spec and the fleet accept."""
+    ranges only on numbers, and every value checked, and the base job itself, must make a job the spec and
+    the fleet accept."""
     kind = spec.job.kind
     base = spec.job.model_dump(mode="json")
     for path, p in spec.parameters.items():
@@ -64,7 +65,10 @@ def admit(engine: Engine, settings: Settings, spec: SweepSpec) -> None:
         for i, value in enumerate(values):
             job = _trial_job(base, {path: value}, at)
             if i < ADMIT_VALUES:
-                _admit_job(engine, settings, job, at)
+                try:
+                    admission.admit(engine, settings, job)
+                except Invalid as e:
+                    raise Invalid(str(e), loc=at) from None
     if kind == "train" and spec.metric not in TRAIN_SWEEP_METRICS:
         raise Invalid(f"a train job reports {', '.join(TRAIN_SWEEP_METRICS)}; not {spec.metric!r}", loc=("metric",))
     if spec.method == "grid":
@@ -78,6 +82,10 @@ def admit(engine: Engine, settings: Settings, spec: SweepSpec) -> None:
         if size > MAX_SWEEP_TRIALS:
             raise Invalid(f"the grid has {size:,} combinations, over the limit of {MAX_SWEEP_TRIALS}",
                           loc=("parameters",))
+    try:
+        admission.admit(engine, settings, spec.job)
+    except Invalid as e:
+        raise Invalid(str(e), loc=("job", *(e.loc or ()))) from None
 
 
 def _trial_job(base: dict, params: dict, at: tuple):
@@ -90,13 +98,6 @@ def _trial_job(base: dict, params: dict, at: tuple):
         raise Invalid(f"{at[-1]} = {shown} makes a job the spec refuses: {where}: {first['msg']}", loc=at) from None
 
 
-def _admit_job(engine, settings, job, at) -> admission.Admitted:
-    try:
-        return admission.admit(engine, settings, job)
-    except Invalid as e:
-        raise Invalid(str(e), loc=("job", *(e.loc or ())) if at == ("job",) else at) from None
-
-
 def trial_spec(spec: SweepSpec, trial: int, params: dict[str, Any]):
     """The job a trial runs (Invalid: the job spec refuses this combination of values)."""
     job = _trial_job(spec.job.model_dump(mode="json"), params, ("parameters",))
@@ -105,7 +106,6 @@ def trial_spec(spec: SweepSpec, trial: int, params: dict[str, Any]):
 
 def create(engine: Engine, settings: Settings, spec: SweepSpec) -> dict:
     admit(engine, settings, spec)
-    _admit_job(engine, settings, spec.job, ("job",))
     with write(engine) as conn:
         row = conn.execute(insert(sweeps).values(
             name=spec.name, state=RUNNING, spec=spec.model_dump(mode="json"), created_at=db_now(),
@@ -224,7 +224,7 @@ def stop_trials(engine: Engine, sweep_id: int, why: str) -> list[int]:
 
 # ---- the driver's fenced writes -------------------------------------------------------------------
 
-def _driven(sweep_id: int, driver: str):
+def driven(sweep_id: int, driver: str):
     return and_(sweeps.c.id == sweep_id, sweeps.c.state == RUNNING, sweeps.c.driver == driver)
 
 
@@ -249,7 +249,7 @@ def enqueue_trial(engine: Engine, sweep_id: int, driver: str, trial: int, params
     (its idempotency key). None: the sweep has ended or another driver holds it."""
     key = f"sweep-{sweep_id}-trial-{trial}"
     with write(engine) as conn:
-        if conn.execute(select(sweeps.c.id).where(_driven(sweep_id, driver)).with_for_update()).first() is None:
+        if conn.execute(select(sweeps.c.id).where(driven(sweep_id, driver)).with_for_update()).first() is None:
             return None
         existing = conn.execute(select(jobs).where(jobs.c.idempotency_key == key)).first()
         if existing is not None:
@@ -261,18 +261,18 @@ def enqueue_trial(engine: Engine, sweep_id: int, driver: str, trial: int, params
 def note(engine: Engine, sweep_id: int, driver: str, trial_count: int) -> bool:
     """The trials made so far; a running sweep's error (why it waits) is cleared once trials are made again."""
     with write(engine) as conn:
-        res = conn.execute(update(sweeps).where(_driven(sweep_id, driver)).values(trial_count=trial_count, error=None))
+        res = conn.execute(update(sweeps).where(driven(sweep_id, driver)).values(trial_count=trial_count, error=None))
     return res.rowcount == 1
 
 
 def waiting(engine: Engine, sweep_id: int, driver: str, why: str) -> None:
     with write(engine) as conn:
-        conn.execute(update(sweeps).where(_driven(sweep_id, driver)).values(error=why[:2000]))
+        conn.execute(update(sweeps).where(driven(sweep_id, driver)).values(error=why[:2000]))
 
 
 def finish(engine: Engine, sweep_id: int, driver: str, state: str, error: str | None = None) -> bool:
     with write(engine) as conn:
-        res = conn.execute(update(sweeps).where(_driven(sweep_id, driver)).values(
+        res = conn.execute(update(sweeps).where(driven(sweep_id, driver)).values(
             state=state, error=error, finished_at=db_now(), driver=None, driver_until=None))
     if res.rowcount == 1 and state != SUCCEEDED:
         stop_trials(engine, sweep_id, f"the sweep {state}: {error}")
