@@ -111,14 +111,7 @@ class Client:
 
     def wait(self, job_id: int, timeout: float | None = None) -> dict:
         """The job once it has ended (succeeded, failed or cancelled); TimeoutError after timeout seconds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            job = self.get(job_id)
-            if job["state"] in TERMINAL:
-                return job
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} is still {job['state']} after {timeout} s")
-            time.sleep(0.25)
+        return _until_ended(lambda: self.get(job_id), f"job {job_id}", timeout, 0.25)
 
     def download(self, job_id: int, path: str | Path, format: str = "safetensors") -> Path:
         """Stream a train job's artifact to path (written whole or not at all)."""
@@ -174,14 +167,7 @@ class Client:
 
     def wait_sweep(self, sweep_id: int, timeout: float | None = None) -> dict:
         """The sweep once it has ended (succeeded, failed or cancelled); TimeoutError after timeout seconds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            sweep = self.sweep(sweep_id)
-            if sweep["state"] in TERMINAL:
-                return sweep
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"sweep {sweep_id} is still {sweep['state']} after {timeout} s")
-            time.sleep(0.5)
+        return _until_ended(lambda: self.sweep(sweep_id), f"sweep {sweep_id}", timeout, 0.5)
 
     # -- the service ------------------------------------------------------------------------------
 
@@ -242,3 +228,15 @@ def parse_sse(lines: Iterator[str]) -> Iterator[dict]:
                 data.append(value)
             elif field in ("event", "id"):
                 event[field] = value
+
+
+def _until_ended(read, what: str, timeout: float | None, poll_s: float) -> dict:
+    """read() until what it returns has ended (a terminal state); TimeoutError after timeout seconds."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        got = read()
+        if got["state"] in TERMINAL:
+            return got
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"{what} is still {got['state']} after {timeout} s")
+        time.sleep(poll_s)

@@ -82,6 +82,18 @@ def stats_text(job: dict) -> str:
     return "  ".join(parts)
 
 
+def ride_out(exc: APIError, since: float | None) -> float:
+    """A follower lost the server: wait a second and let it try again, for up to 30 s of trying (a server
+    restarting); anything else, or longer, is raised. Returns when the trouble began."""
+    if exc.status_code != 0:
+        raise exc
+    since = since or time.monotonic()
+    if time.monotonic() - since > 30:
+        raise exc
+    time.sleep(1.0)
+    return since
+
+
 def follow(client: Client, job_id: int, on_change: Callable[[dict], None]) -> dict:
     """Follow the job's event stream until it ends, calling on_change(job) after each event; the
     ended job. A dropped connection is picked up again where it stopped (Last-Event-ID)."""
@@ -103,12 +115,7 @@ def follow(client: Client, job_id: int, on_change: Callable[[dict], None]) -> di
                 if job is not None:
                     on_change(job)
         except APIError as exc:
-            if exc.status_code != 0:
-                raise
-            failures_since = failures_since or time.monotonic()
-            if time.monotonic() - failures_since > 30:
-                raise
-            time.sleep(1.0)
+            failures_since = ride_out(exc, failures_since)
 
 
 def follow_bar(client: Client, job_id: int) -> dict:
@@ -274,12 +281,7 @@ def follow_sweep(client: Client, sweep_id: int, on_change: Callable[[dict, list[
                 on_change(sweep, list(trials.values()))
             time.sleep(0.5)  # the stream closed before the end (a server restarting): read the sweep again
         except APIError as exc:
-            if exc.status_code != 0:
-                raise
-            failures_since = failures_since or time.monotonic()
-            if time.monotonic() - failures_since > 30:
-                raise
-            time.sleep(1.0)
+            failures_since = ride_out(exc, failures_since)
 
 
 def follow_sweep_table(client: Client, sweep_id: int) -> dict:
