@@ -6,6 +6,8 @@ import pytest
 from bench.common import postgres_schema
 from tests.s3 import new_bucket, s3_server
 from tests.service import Service
+from trainyard.app import schema
+from trainyard.app.db import make_engine
 from trainyard.app.spec import TRAIN_EXAMPLE
 
 # The README's Iris job (seed 000's MLP and loop settings), as the OpenAPI docs show it.
@@ -63,6 +65,15 @@ def backend_url(request, tmp_path):
         return
     with postgres_schema("t") as url:
         yield url
+
+
+@pytest.fixture
+def engine(backend_url):
+    """An engine on backend_url's database (each backend), upgraded to this release's schema."""
+    e = make_engine(backend_url)
+    schema.upgrade(e)
+    yield e
+    e.dispose()
 
 
 @pytest.fixture(scope="session")

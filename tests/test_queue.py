@@ -11,14 +11,6 @@ from trainyard.app.db import make_engine
 from trainyard.app.spec import parse_spec
 
 
-@pytest.fixture
-def engine(backend_url):
-    e = make_engine(backend_url)
-    schema.upgrade(e)
-    yield e
-    e.dispose()
-
-
 def submit(engine, body=None, key=None, **over):
     job, _ = queue.enqueue(engine, parse_spec({**(body or tiny_job()), **over}), key)
     return job

@@ -8,19 +8,11 @@ import pytest
 from sqlalchemy import func, select
 
 from tests.conftest import tiny_job
-from trainyard.app import queue, schema, search, sweeps
-from trainyard.app.db import jobs, make_engine, sweep_log
+from trainyard.app import queue, search, sweeps
+from trainyard.app.db import jobs, sweep_log
 from trainyard.app.errors import Invalid
 from trainyard.app.settings import Settings
 from trainyard.app.spec import INTEGER, NUMBER, OTHER, SweepSpec, field_kind, with_params
-
-
-@pytest.fixture
-def engine(backend_url):
-    e = make_engine(backend_url)
-    schema.upgrade(e)
-    yield e
-    e.dispose()
 
 
 @pytest.fixture

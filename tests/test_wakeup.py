@@ -8,7 +8,6 @@ import pytest
 from sqlalchemy import insert
 
 from tests.conftest import tiny_job
-from tests.test_queue import engine  # noqa: F401 - the fixture, on both backends
 from trainyard.app import queue, wakeup, workers
 from trainyard.app.db import jobs, write
 from trainyard.app.spec import parse_spec
