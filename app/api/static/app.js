@@ -397,28 +397,36 @@
   async function refreshList(current) {
     const [jobs, devices] = await Promise.all([api("/jobs?limit=100&include=spec,result"), api("/devices")]);
     if (!current()) return;
-    const body = $("jobs-body");
+    syncRows($("jobs-body"), rows, jobs.data, makeRow, updateRow);
+    $("jobs-empty").hidden = jobs.count > 0;
+    setText($("jobs-count"), pageCount(jobs));
+    renderDevices(devices);
+  }
+
+  // A list page's rows in the page's order, each kept (and updated in place) while its item is listed.
+  function syncRows(body, cache, items, make, update) {
     const seen = new Set();
-    jobs.data.forEach((job, i) => {
-      let row = rows.get(job.id);
+    items.forEach((item, i) => {
+      let row = cache.get(item.id);
       if (!row) {
-        row = makeRow(job.id);
-        rows.set(job.id, row);
+        row = make(item.id);
+        cache.set(item.id, row);
       }
-      updateRow(row, job);
+      update(row, item);
       if (body.children[i] !== row.tr) body.insertBefore(row.tr, body.children[i] || null);
-      seen.add(job.id);
+      seen.add(item.id);
     });
-    for (const [id, row] of rows) {
+    for (const [id, row] of cache) {
       if (!seen.has(id)) {
         row.tr.remove();
-        rows.delete(id);
+        cache.delete(id);
       }
     }
-    $("jobs-empty").hidden = jobs.count > 0;
-    const shown = jobs.data.length;
-    setText($("jobs-count"), jobs.count > shown ? `newest ${shown} of ${jobs.count}` : `${jobs.count} total`);
-    renderDevices(devices);
+  }
+
+  function pageCount(page) {
+    const shown = page.data.length;
+    return page.count > shown ? `newest ${shown} of ${page.count}` : `${page.count} total`;
   }
 
   // ---- devices -----------------------------------------------------------------------------------------
@@ -558,18 +566,23 @@
     return String(v);
   }
 
-  async function refreshJob(id, current) {
-    let job;
+  // The object at path; null, once the element missingId says it does not exist, on a 404.
+  async function readOrMissing(path, missingId, what, current) {
     try {
-      job = await api(`/jobs/${id}`);
+      return await api(path);
     } catch (e) {
       if (e instanceof ApiError && e.status === 404 && current()) {
-        $("job-missing").hidden = false;
-        setText($("job-missing"), `Job ${id} does not exist.`);
-        return;
+        $(missingId).hidden = false;
+        setText($(missingId), `${what} does not exist.`);
+        return null;
       }
       throw e;
     }
+  }
+
+  async function refreshJob(id, current) {
+    const job = await readOrMissing(`/jobs/${id}`, "job-missing", `Job ${id}`, current);
+    if (job === null) return;
     const { epoch } = job.progress || {};
     const key = `${job.state}/${job.runs}/${epoch}`;
     const running = !TERMINAL.has(job.state);
@@ -737,27 +750,9 @@
   async function refreshSweeps(current) {
     const sweeps = await api("/sweeps?limit=100");
     if (!current()) return;
-    const body = $("sweeps-body");
-    const seen = new Set();
-    sweeps.data.forEach((s, i) => {
-      let row = sweepRows.get(s.id);
-      if (!row) {
-        row = makeSweepRow(s.id);
-        sweepRows.set(s.id, row);
-      }
-      updateSweepRow(row, s);
-      if (body.children[i] !== row.tr) body.insertBefore(row.tr, body.children[i] || null);
-      seen.add(s.id);
-    });
-    for (const [id, row] of sweepRows) {
-      if (!seen.has(id)) {
-        row.tr.remove();
-        sweepRows.delete(id);
-      }
-    }
+    syncRows($("sweeps-body"), sweepRows, sweeps.data, makeSweepRow, updateSweepRow);
     $("sweeps-empty").hidden = sweeps.count > 0;
-    const shown = sweeps.data.length;
-    setText($("sweeps-count"), sweeps.count > shown ? `newest ${shown} of ${sweeps.count}` : `${sweeps.count} total`);
+    setText($("sweeps-count"), pageCount(sweeps));
   }
 
   // ---- one sweep -------------------------------------------------------------------------------------------
@@ -812,17 +807,8 @@
   }
 
   async function refreshSweep(id, current) {
-    let sweep;
-    try {
-      sweep = await api(`/sweeps/${id}`);
-    } catch (e) {
-      if (e instanceof ApiError && e.status === 404 && current()) {
-        $("sweep-missing").hidden = false;
-        setText($("sweep-missing"), `Sweep ${id} does not exist.`);
-        return;
-      }
-      throw e;
-    }
+    const sweep = await readOrMissing(`/sweeps/${id}`, "sweep-missing", `Sweep ${id}`, current);
+    if (sweep === null) return;
     const trials = sweep.trials || [];
     // The curves change only when a trial reports an epoch or changes state.
     const curvesKey = JSON.stringify(trials.map((t) => [t.trial, t.state, t.failure, t.epoch, t.value, t.best]));
