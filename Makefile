@@ -1,14 +1,27 @@
 # The two quick-start commands: `make run` (set up, then server + worker) and `make test`
 # (set up, then the whole test suite). Both create ./.venv on first use.
-PYTHON ?= python3
+# The project needs Python 3.11 (requires-python): python3.11 where it is on PATH, else python3,
+# and a clear error before anything is installed when that is another version.
+PYTHON ?= $(shell command -v python3.11 || echo python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
+define need_311
+	@$(1) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || { \
+	  echo "trainyard needs Python 3.11; $(1) is: $$(command -v $(1) >/dev/null && $(1) --version 2>&1 || echo not found)." >&2; \
+	  echo "Install it (apt install python3.11 python3.11-venv, or uv python install 3.11, or pyenv install 3.11)" >&2; \
+	  echo "and name it: make $(MAKECMDGOALS) PYTHON=\$$(uv python find 3.11)  (or PYTHON=\$$(pyenv prefix 3.11)/bin/python)" >&2; \
+	  $(2) exit 1; }
+endef
 
 .PHONY: setup run test bench gpu-check clean
 
-$(BIN)/.installed: pyproject.toml examples/plugin/pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(BIN)/python:
+	$(call need_311,$(PYTHON))
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+
+$(BIN)/.installed: pyproject.toml examples/plugin/pyproject.toml | $(BIN)/python
+	$(call need_311,$(BIN)/python,echo "$(VENV) was made with another Python: make clean first." >&2;)
 	$(BIN)/pip install --quiet -e '.[test]'
 	# The example plugin (a model, a dataset, an entrypoint): the plugin tests and the README use it.
 	$(BIN)/pip install --quiet --no-build-isolation -e examples/plugin
@@ -34,9 +47,16 @@ bench: setup
 	$(BIN)/python -m bench.sweep
 
 # On a CUDA host: the CUDA-marked tests, real jobs on the GPUs through the service, the throughput
-# benchmark on cuda:0; one table, with what was skipped and why (bench/gpu_check.py).
-gpu-check: setup
-	$(BIN)/python -m bench.gpu_check
+# benchmark on cuda:0; one table, with what was skipped and why (`trainyard gpu-check`,
+# app/cli/gpu_check.py). No root and no browser: pytest is all it adds (the gpu-check extra).
+# Exit status: 0 every check passed, 1 a check failed, 2 nothing could run (no CUDA device).
+$(BIN)/.installed-gpu-check: pyproject.toml | $(BIN)/python
+	$(call need_311,$(BIN)/python,echo "$(VENV) was made with another Python: make clean first." >&2;)
+	$(BIN)/pip install --quiet -e '.[gpu-check]'
+	touch $@
+
+gpu-check: $(BIN)/.installed-gpu-check
+	$(BIN)/trainyard gpu-check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) trainyard-data .pytest_cache

@@ -23,6 +23,7 @@ from trainyard.app.spec import (
     ALL_ARCHS,
     DATASET_INFO,
     DATASETS,
+    MAX_META_FILE_BYTES,
     UPLOAD_PREFIX,
     DataSpec,
     ModelSpec,
@@ -182,8 +183,16 @@ class Check:
             raise Invalid(f"{field} {job_id} is {job.state}; it must have succeeded", loc=at)
         if job.kind == "train":
             return {"arch": job.spec["model"]["arch"], "model": job.spec["model"], **(job.result or {})}
+        key = f"{job.artifact_path or '.'}/{ARTIFACT_FILES['meta']}"
         try:
-            saved = json.loads(self.settings.store.read_bytes(f"{job.artifact_path or '.'}/{ARTIFACT_FILES['meta']}"))
+            size = self.settings.store.size(key)
+        except OSError:
+            size = 0
+        if size > MAX_META_FILE_BYTES:  # saved before the bound: every submit naming it would read it whole
+            raise Invalid(f"{field} {job_id}'s meta.json is {size:,} bytes, over the {MAX_META_FILE_BYTES >> 20} MiB "
+                          "a model's meta may hold", loc=at)
+        try:
+            saved = json.loads(self.settings.store.read_bytes(key)) if size else {}
         except (OSError, ValueError):
             saved = {}
         if not (saved.get("model") or {}).get("arch") or not saved.get("input_shape"):
@@ -220,5 +229,6 @@ def why_waiting(engine: Engine, settings: Settings, found: list[Job]) -> dict[in
     if not queued:
         return {}
     listed, now = registry.list_workers(engine)
-    live = [w for w in listed if registry.worker_state(w, now, settings.lease_s) in registry.LIVE]
+    live = [w for w in listed
+            if registry.worker_state(w, now, settings.lease_s) in (*registry.LIVE, registry.UNAVAILABLE)]
     return {j.id: placement.why_waiting(j, live) for j in queued}

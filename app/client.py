@@ -84,11 +84,28 @@ class Client:
     def retry(self, job_id: int) -> dict:
         return self.request("POST", f"/jobs/{job_id}/retry").json()
 
-    def metrics(self, job_id: int) -> list[dict]:
-        return self.request("GET", f"/jobs/{job_id}/metrics").json()
+    def metrics(self, job_id: int, since: int = 0) -> list[dict]:
+        """Every epoch record after `since`, oldest first, read a page at a time (the server bounds a page's bytes)."""
+        out: list[dict] = []
+        while True:
+            r = self.request("GET", f"/jobs/{job_id}/metrics", params={"since": since})
+            page = r.json()
+            out.extend(page)
+            if "X-Next-Since" not in r.headers or not page:
+                return out
+            since = int(r.headers["X-Next-Since"])
 
-    def logs(self, job_id: int) -> str:
-        return self.request("GET", f"/jobs/{job_id}/logs").text
+    def logs(self, job_id: int, tail: int | None = None) -> str:
+        """The job's log, or its last `tail` bytes (from the first whole line in them)."""
+        return self.read_log(job_id, tail=tail)[0].decode("utf-8", "replace")
+
+    def read_log(self, job_id: int, offset: int = 0, tail: int | None = None) -> tuple[bytes, int, int]:
+        """(data, start, size): the log's bytes from `offset` (or its last `tail`), the byte they start at
+        and the log's size. To follow a log, read again from start + len(data); a size below that means
+        the log was trimmed (TRAINYARD_JOB_LOG_BYTES)."""
+        params = {"tail": tail} if tail is not None else {"offset": offset} if offset else {}
+        r = self.request("GET", f"/jobs/{job_id}/logs", params=params)
+        return r.content, int(r.headers.get("X-Log-Start", 0)), int(r.headers.get("X-Log-Size", len(r.content)))
 
     def result(self, job_id: int) -> dict:
         return self.request("GET", f"/jobs/{job_id}/result").json()
@@ -152,9 +169,20 @@ class Client:
     def sweep_trials(self, sweep_id: int) -> list[dict]:
         return self.request("GET", f"/sweeps/{sweep_id}/trials").json()
 
-    def sweep_curves(self, sweep_id: int) -> dict:
-        """Each trial's [epoch, metric value] points."""
-        return self.request("GET", f"/sweeps/{sweep_id}/curves").json()
+    def sweep_curves(self, sweep_id: int, since: int | None = None, limit: int | None = None) -> dict:
+        """Every trial's metric per epoch: {"metric", "direction", "trials": [{"trial", "points": [[epoch, value]],
+        ...}], "next", "more"}. With `since` (0, or a page's `next`), one page of the points recorded after it (at
+        most `limit`); without, every page read and joined (an epoch recorded again keeps its last point)."""
+        if since is not None:
+            return self.request("GET", f"/sweeps/{sweep_id}/curves",
+                                params={"since": since, **({"limit": limit} if limit else {})}).json()
+        page = self.sweep_curves(sweep_id, 0, limit)
+        points = {t["trial"]: dict(t["points"]) for t in page["trials"]}
+        while page["more"]:
+            page = self.sweep_curves(sweep_id, page["next"], limit)
+            for t in page["trials"]:
+                points.setdefault(t["trial"], {}).update(dict(t["points"]))
+        return {**page, "trials": [{**t, "points": [[e, v] for e, v in sorted(points.get(t["trial"], {}).items())]} for t in page["trials"]]}
 
     def cancel_sweep(self, sweep_id: int) -> dict:
         """Stop making trials and cancel the queued and running ones."""

@@ -3,7 +3,8 @@
     artifacts/<job>/run-<claim>/   model.safetensors, model.pt, meta.json (train); result.json (predict);
                                    model.onnx, model.pt2, model.torchscript.pt (exports, made on first request)
     checkpoints/<job>/run-<claim>-e<epoch>-s<step>.pt
-    logs/<job>.log
+    logs/<job>.log                 what a job printed, all its runs (capped: worker/joblog.py)
+    scratch/<job>/run-<claim>/     a run job's ctx.data_dir, removed when the run ends
     datasets/uploads/<id>/         data.npz, meta.json
     datasets/cache/                decoded built-in datasets and FakeData (evicted least recently used)
     datasets/raw/                  torchvision's downloaded files
@@ -75,6 +76,11 @@ class Layout:
 
     def log(self, job_id: int) -> Path:
         return self.root / "logs" / f"{job_id}.log"
+
+    def scratch(self, job_id: int, claim: int | None = None) -> Path:
+        """A run job's own directory for one run (ctx.data_dir), or with no claim every run's of the job."""
+        folder = self.root / "scratch" / str(job_id)
+        return folder if claim is None else folder / f"run-{claim}"
 
     # -- datasets ---------------------------------------------------------------------------------
 

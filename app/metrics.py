@@ -109,7 +109,7 @@ class _Collector:
             groups.append(("cpu", host["cpu"]["workers"], None))
             for name, workers, gpu in groups:
                 alive.add_metric([host["host"], name], sum(1 for w in workers if w["state"] in ("idle", "busy")))
-                if gpu is not None:
+                if gpu is not None and gpu["memory_total"] is not None:  # not a GPU NVML could not read
                     used.add_metric([host["host"], name, gpu["uuid"] or ""], gpu["memory_used"])
                     total.add_metric([host["host"], name, gpu["uuid"] or ""], gpu["memory_total"])
                 for w in workers:

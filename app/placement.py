@@ -6,6 +6,12 @@ device offers jobs that state theirs (`resources.gpu_memory_gb`). A job on sever
 kind (`helpers`): their devices become the job's other ranks, and they claim nothing while that
 run lasts. The queue's claim uses the SQL conditions here; the API uses `why_waiting` to tell a
 client why a job has not started.
+
+A job counts for more than it states on a GPU: its process's CUDA context (the driver's code, cuBLAS
+and cuDNN workspaces: 0.5 to 1 GB) lies outside the allocator's cap that holds the job to its
+statement, so jobs stated up to the card's total would still run it out. Each job on a GPU slot is
+counted at its statement plus the slot's `headroom` (TRAINYARD_GPU_CONTEXT_HEADROOM_BYTES, 1 GiB by
+default).
 """
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +22,7 @@ from sqlalchemy.engine import Connection
 from trainyard.app import device_names
 from trainyard.app.db import db_now, jobs, workers
 from trainyard.app.records import Job
+from trainyard.app.states import WORKER_UNAVAILABLE as UNAVAILABLE
 from trainyard.app.states import JobState
 
 QUEUED, RUNNING = JobState.QUEUED.value, JobState.RUNNING.value
@@ -29,6 +36,8 @@ class Slot:
     budget: int | None = None
     # Live, undrained workers of this kind on this host, this one included: the most devices a job here can span.
     gang: int = 1
+    # Bytes each job stating its memory costs here beyond its statement (a GPU job's CUDA context); 0 on the CPU.
+    headroom: int = 0
 
 
 def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str | None, slot: Slot | None):
@@ -46,7 +55,7 @@ def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str |
     if slot is None or slot.budget is None:
         needs.append(jobs.c.need_gpu_memory.is_(None))
     else:
-        needs.append(or_(jobs.c.need_gpu_memory.is_(None), jobs.c.need_gpu_memory <= slot.budget))
+        needs.append(or_(jobs.c.need_gpu_memory.is_(None), jobs.c.need_gpu_memory + slot.headroom <= slot.budget))
     return and_(jobs.c.state == QUEUED, jobs.c.device_req.in_(device_names.accepted_by(device)), *needs)
 
 
@@ -105,9 +114,11 @@ def fits_now(slot: Slot | None):
         return true()
     other = jobs.alias("other")
     on_device = and_(other.c.state == RUNNING, other.c.gpu_key == slot.key)
-    used = select(func.coalesce(func.sum(other.c.need_gpu_memory), 0)).where(on_device).scalar_subquery()
+    stated = other.c.need_gpu_memory + slot.headroom  # each running job's statement and its context
+    used = select(func.coalesce(func.sum(stated), 0)).where(on_device).scalar_subquery()
     whole = exists().where(on_device, other.c.need_gpu_memory.is_(None))
-    shares = and_(jobs.c.need_gpu_memory.is_not(None), ~whole, jobs.c.need_gpu_memory + used <= slot.budget) \
+    shares = and_(jobs.c.need_gpu_memory.is_not(None), ~whole,
+                  jobs.c.need_gpu_memory + slot.headroom + used <= slot.budget) \
         if slot.budget is not None else false()
     return or_(and_(jobs.c.need_gpu_memory.is_(None), ~exists().where(on_device)), shares)
 
@@ -123,11 +134,21 @@ def head(device, plugins, worker_id, slot):
 
 def why_waiting(job: Job, live_workers: list[dict[str, Any]]) -> str | None:
     """Why a queued job cannot start on any live worker, ever, as things stand (a worker that joins
-    may change that); None when some live worker could take it and it is only waiting its turn."""
-    if not live_workers:
+    may change that); None when some live worker could take it and it is only waiting its turn.
+    Workers that cannot use their device (state unavailable) take nothing; when only they serve the
+    job's device, their reason is the job's."""
+    broken = [w for w in live_workers if w.get("state") == UNAVAILABLE
+              and job.device_req in device_names.accepted_by(w["device"])]
+    live_workers = [w for w in live_workers if w.get("state") != UNAVAILABLE]
+    if not live_workers and not broken:
         return "no worker is running"
     cands = [w for w in live_workers if job.device_req in device_names.accepted_by(w["device"])]
     if not cands:
+        if broken:
+            w = broken[0]
+            more = f" (and {len(broken) - 1} more unavailable)" if len(broken) > 1 else ""
+            return (f"no live worker can use a device for {job.device_req}: worker {w['id']} on {w['host']} is "
+                    f"unavailable{more}: {(w.get('stats') or {}).get('unavailable') or 'no reason given'}")
         return f"no live worker serves device {job.device_req}"
     cands = [w for w in cands if not w.get("draining")]
     if not cands:
@@ -148,12 +169,16 @@ def why_waiting(job: Job, live_workers: list[dict[str, Any]]) -> str | None:
             if not cands:
                 return f"no live worker for device {job.device_req} has the {kind[:-1]} plugin {need!r}"
     if job.need_gpu_memory is not None:
-        offers = [(((w.get("stats") or {}).get("slot") or {}).get("budget"), w) for w in cands]
-        offers = [(b, w) for b, w in offers if b is not None]
+        slots = [(((w.get("stats") or {}).get("slot") or {}), w) for w in cands]
+        # What a job may state there: the budget less the headroom its process costs beyond it.
+        offers = [(s["budget"] - (s.get("headroom") or 0), s.get("headroom") or 0, w)
+                  for s, w in slots if s.get("budget") is not None]
         asked = f"needs {job.need_gpu_memory / 1e9:.1f} GB of GPU memory"
         if not offers:
             return f"{asked}; no live worker for device {job.device_req} offers GPU memory (GPU workers do)"
-        most, w = max(offers, key=lambda o: o[0])
+        most, headroom, w = max(offers, key=lambda o: o[0])
         if most < job.need_gpu_memory:
-            return f"{asked}; the most a live worker offers is {most / 1e9:.1f} GB ({w['host']} {w['device']})"
+            beside = f", after {headroom / 1e9:.1f} GB of headroom for its CUDA context" if headroom else ""
+            return (f"{asked}; the most a live worker offers is {most / 1e9:.1f} GB{beside} "
+                    f"({w['host']} {w['device']})")
     return None

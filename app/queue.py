@@ -5,9 +5,10 @@ number it got when it claimed the job (`WHERE id = ? AND claim = ? AND state = '
 that lost its lease (paused, partitioned, too slow) changes nothing. Times come from the database's
 clock (db.db_now) so that hosts with skewed clocks agree on leases.
 """
+import json
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, delete, func, insert, select, update
+from sqlalchemy import JSON, Text, and_, bindparam, case, cast, delete, func, insert, literal_column, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -26,14 +27,14 @@ QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (s.value for s in JobState)
 def enqueue(engine: Engine, spec: TrainJob | PredictJob | RunJob, idempotency_key: str | None = None,
             parameters: int | None = None, needs: dict[str, str] | None = None) -> tuple[Job, bool]:
     """Insert a queued job. Returns (job, created); the same idempotency key and body give the same job."""
-    body = spec.model_dump(mode="json")
+    body = stored_spec(spec)
     try:
         with write(engine) as conn:
             if idempotency_key is not None:
                 existing = conn.execute(select(jobs).where(jobs.c.idempotency_key == idempotency_key)).first()
                 if existing is not None:
                     return _same_key(existing, body), False
-            return insert_job(conn, spec, idempotency_key, parameters, needs), True
+            return insert_job(conn, spec, idempotency_key, parameters, needs, body=body), True
     except IntegrityError:
         # Two requests raced with one key (PostgreSQL): the other one inserted first.
         with read(engine) as conn:
@@ -45,10 +46,10 @@ def enqueue(engine: Engine, spec: TrainJob | PredictJob | RunJob, idempotency_ke
 
 def insert_job(conn, spec: TrainJob | PredictJob | RunJob, idempotency_key: str | None = None,
                parameters: int | None = None, needs: dict[str, str] | None = None,
-               sweep: dict | None = None) -> Job:
+               sweep: dict | None = None, body: dict | None = None) -> Job:
     """Insert a queued job inside the caller's write transaction (a sweep's trial: sweep {"id", "trial", "params"})."""
     values = dict(
-        kind=spec.kind, name=spec.name, state=QUEUED, spec=spec.model_dump(mode="json"), device_req=spec.device,
+        kind=spec.kind, name=spec.name, state=QUEUED, spec=body or stored_spec(spec), device_req=spec.device,
         priority=spec.priority, max_attempts=spec.max_attempts, timeout_s=spec.timeout_s,
         idempotency_key=idempotency_key, attempt=0, claim=0, created_at=db_now(), errors=[],
         epoch=0 if spec.kind == "train" else None,
@@ -60,6 +61,21 @@ def insert_job(conn, spec: TrainJob | PredictJob | RunJob, idempotency_key: str 
     created = Job.from_row(conn.execute(insert(jobs).values(**values).returning(jobs)).one())
     wakeup.notify(conn)
     return created
+
+
+# Whole numbers below this are stored as integers: shorter than their float spelling ("0" for "0.0").
+_WHOLE = 1e16
+
+
+def stored_spec(spec: TrainJob | PredictJob | RunJob) -> dict:
+    """The spec as stored: a predict job's whole-number inputs as integers, as a client sends them ("0", not
+    "0.0": its rows are most of its bytes, and a float spelling made them 2.5 times the request). Read back,
+    the job validates to the same floats."""
+    body = spec.model_dump(mode="json")
+    if body.get("inputs"):
+        body["inputs"] = [[int(v) if isinstance(v, float) and v.is_integer() and -_WHOLE < v < _WHOLE else v
+                           for v in row] for row in body["inputs"]]
+    return body
 
 
 def _same_key(existing, body: dict) -> Job:
@@ -87,8 +103,12 @@ def get_job(engine: Engine, job_id: int) -> Job:
 
 def list_jobs(engine: Engine, state: str | None = None, kind: str | None = None,
               limit: int = 50, offset: int = 0, leave_out: tuple[str, ...] = (),
-              sweep_id: int | None = None) -> tuple[list[Job], int]:
-    """A page of jobs, newest first, and how many match. Columns in leave_out are not read (None in the records)."""
+              sweep_id: int | None = None, max_bytes: int | None = None) -> tuple[list[Job], int]:
+    """A page of jobs, newest first, and how many match. Columns in leave_out are not read (None in the records).
+    With max_bytes the page ends before the row that would take its rows' stored JSON past it (the first
+    row is always kept), so it may hold fewer than `limit` though more match: its rows are read a few at
+    a time, their JSON as text, and parsed only once kept, so a page costs about max_bytes whatever the
+    rows hold (a hundred predict jobs' specs were 250 MB)."""
     conds = [] if sweep_id is None else [jobs.c.sweep_id == sweep_id]
     if state:
         conds.append(jobs.c.state == state)
@@ -98,8 +118,106 @@ def list_jobs(engine: Engine, state: str | None = None, kind: str | None = None,
     with read(engine) as conn:
         total = conn.execute(select(func.count()).select_from(jobs).where(where)).scalar_one()
         columns = [c for c in jobs.c if c.name not in leave_out]
-        rows = conn.execute(select(*columns).where(where).order_by(jobs.c.id.desc()).limit(limit).offset(offset)).all()
-    return [Job.from_row(r) for r in rows], total
+        if max_bytes is None:
+            rows = conn.execute(select(*columns).where(where).order_by(jobs.c.id.desc()).limit(limit)
+                                .offset(offset)).all()
+            return [Job.from_row(r) for r in rows], total
+        ids = conn.execute(select(jobs.c.id).where(where).order_by(jobs.c.id.desc()).limit(limit)
+                           .offset(offset)).scalars().all()
+        as_text = select(*(cast(c, Text).label(c.name) if c.name in _JSON_COLUMNS else c for c in columns))
+        found: list[Job] = []
+        used = 0
+        for i in range(0, len(ids), _PAGE_BATCH):
+            batch = ids[i:i + _PAGE_BATCH]
+            got = {r.id: r._asdict() for r in conn.execute(as_text.where(jobs.c.id.in_(batch)))}
+            for job_id in batch:
+                values = got.get(job_id)
+                if values is None:
+                    continue
+                stored = [name for name in _JSON_COLUMNS if values.get(name) is not None]
+                size = _ITEM_BYTES + sum(len(values[name]) for name in stored)
+                if found and used + size > max_bytes:
+                    return found, total
+                used += size
+                values.update({name: json.loads(values[name]) for name in stored})
+                found.append(Job.from_values(values))
+    return found, total
+
+
+# A page's rows are read this many at a time (max_bytes): a few rows' JSON at once, whatever they hold.
+_PAGE_BATCH = 8
+_JSON_COLUMNS = frozenset(c.name for c in jobs.c if isinstance(c.type, JSON))
+# What a list item adds to its JSON columns' bytes (its other fields, as JSON), for a page's byte budget.
+_ITEM_BYTES = 600
+
+
+def spec_summary(kind: str, spec: dict, rows: int | None = None) -> dict[str, Any]:
+    """What a list item shows of a job's spec (`summary`): its model and dataset (train); its model job and
+    rows, or dataset and split (predict); its entrypoint (run). rows: the inputs' count, for a spec read without them."""
+    data = spec.get("data") or {}
+    if kind == "predict":
+        if isinstance(spec.get("inputs"), list):
+            rows = len(spec["inputs"])
+        about = {"model_job": spec.get("model_job"), "rows": rows, "dataset": data.get("dataset"),
+                 "split": data.get("split")}
+    elif kind == "run":
+        about = {"entrypoint": spec.get("entrypoint")}
+    else:
+        about = {"arch": (spec.get("model") or {}).get("arch"), "dataset": data.get("dataset")}
+    return {k: v for k, v in about.items() if v is not None}
+
+
+# (id, created_at) -> the job's summary: a spec never changes once stored, so each server process reads
+# a job's once. Bounded: past this many it starts over.
+_SUMMARIES: dict[tuple[int, float], dict] = {}
+_SUMMARIES_KEPT = 20_000
+_SUMMARY_PATHS = ("model_job", "model.arch", "data.dataset", "data.split", "entrypoint")
+
+
+def summaries(engine: Engine, found: list[Job]) -> dict[int, dict]:
+    """Each job's spec_summary, without reading its spec into this process: the database's JSON functions
+    pick out the few fields (and a prediction's row count), once per job; records that carry their spec
+    (read with it) are summed up from it."""
+    out: dict[int, dict] = {}
+    missing = []
+    for job in found:
+        if job.spec is not None:
+            out[job.id] = spec_summary(job.kind, job.spec)
+        elif (job.id, job.created_at) in _SUMMARIES:
+            out[job.id] = _SUMMARIES[(job.id, job.created_at)]
+        else:
+            missing.append(job.id)
+    if not missing:
+        return out
+    with read(engine) as conn:
+        rows = conn.execute(select(jobs.c.id, jobs.c.kind, jobs.c.created_at, *_summary_columns(conn.dialect.name))
+                            .where(jobs.c.id.in_(missing))).all()
+    if len(_SUMMARIES) + len(rows) > _SUMMARIES_KEPT:
+        _SUMMARIES.clear()
+    for r in rows:
+        parts = json.loads(r.parts) if r.parts else [None] * len(_SUMMARY_PATHS)
+        spec: dict[str, Any] = {}
+        for path, value in zip(_SUMMARY_PATHS, parts):  # back into the spec's shape: "model.arch" -> model.arch
+            *outer, last = path.split(".")
+            node = spec
+            for key in outer:
+                node = node.setdefault(key, {})
+            node[last] = value
+        _SUMMARIES[(r.id, r.created_at)] = out[r.id] = spec_summary(r.kind, spec, r.rows)
+    return out
+
+
+def _summary_columns(dialect: str) -> list:
+    """The summary's fields as one JSON array (`parts`, in _SUMMARY_PATHS' order) and the inputs' length (`rows`)."""
+    if dialect == "postgresql":
+        paths = ", ".join(f"jobs.spec#>'{{{p.replace('.', ',')}}}'" for p in _SUMMARY_PATHS)
+        return [literal_column(f"CAST(json_build_array({paths}) AS TEXT)").label("parts"),
+                literal_column("CASE WHEN json_typeof(jobs.spec->'inputs') = 'array' "
+                               "THEN json_array_length(jobs.spec->'inputs') END").label("rows")]
+    paths = ", ".join(f"'$.{p}'" for p in _SUMMARY_PATHS)
+    return [literal_column(f"json_extract(jobs.spec, {paths})").label("parts"),
+            literal_column("CASE WHEN json_type(jobs.spec, '$.inputs') = 'array' "
+                           "THEN json_array_length(jobs.spec, '$.inputs') END").label("rows")]
 
 
 def get_metrics(engine: Engine, job_id: int, after_epoch: int = 0) -> list[dict]:
@@ -111,19 +229,52 @@ def get_metrics(engine: Engine, job_id: int, after_epoch: int = 0) -> list[dict]
     return [{"epoch": r.epoch, "attempt": r.attempt, **r.data} for r in rows]
 
 
+def metrics_page(engine: Engine, job_id: int, after_epoch: int = 0, limit: int = 10_000,
+                 max_bytes: int | None = None) -> tuple[list[dict], bool]:
+    """The job's epoch records after `after_epoch`, oldest first: at most `limit` of them and about max_bytes of
+    stored JSON (the first always), and whether more follow. Read a batch at a time as text, each record parsed
+    only once kept: a job that reported megabytes an epoch costs a page, not its whole history."""
+    get_job(engine, job_id)
+    out: list[dict] = []
+    used, batch = 0, 32
+    with read(engine) as conn:
+        while len(out) < limit:
+            want = min(batch, limit - len(out))
+            rows = conn.execute(select(metrics.c.epoch, metrics.c.attempt, cast(metrics.c.data, Text).label("data"))
+                                .where(metrics.c.job_id == job_id, metrics.c.epoch > after_epoch)
+                                .order_by(metrics.c.epoch).limit(want)).all()
+            for r in rows:
+                size = len(r.data) + 30
+                if out and max_bytes is not None and used + size > max_bytes:
+                    return out, True
+                used += size
+                out.append({"epoch": r.epoch, "attempt": r.attempt, **json.loads(r.data)})
+                after_epoch = r.epoch
+            if len(rows) < want:
+                return out, False
+            if max_bytes is not None:  # as many as the rest of the budget holds at the size seen so far
+                batch = max(8, min(1000, (max_bytes - used) * len(out) // max(used, 1) + 1))
+        more = conn.execute(select(metrics.c.id).where(metrics.c.job_id == job_id, metrics.c.epoch > after_epoch)
+                            .limit(1)).first() is not None
+    return out, more
+
+
 # ---- client actions ---------------------------------------------------------------------------
 
 def cancel(engine: Engine, job_id: int) -> Job:
     """Cancel a queued or running job. A running job's worker sees its fence fail and stops the process."""
     error = error_record(Failure.CANCELLED, "Cancelled", "cancelled by request")
     with write(engine) as conn:
+        # FOR UPDATE: on PostgreSQL a worker's write to the row (it finished, failed, was requeued) commits either
+        # before this read, which then sees it, or after this transaction; SQLite's BEGIN IMMEDIATE already holds.
         row = conn.execute(select(jobs.c.id, jobs.c.state, jobs.c.errors, jobs.c.attempt)
-                           .where(jobs.c.id == job_id)).first()
+                           .where(jobs.c.id == job_id).with_for_update()).first()
         if row is None:
             raise NotFound(f"job {job_id} not found")
-        if row.state not in (QUEUED, RUNNING):
-            raise Conflict(f"job {job_id} is {row.state}; only queued or running jobs can be cancelled")
-        new = _end(conn, row, CANCELLED, error)
+        new = _end(conn, row, CANCELLED, error) if row.state in (QUEUED, RUNNING) else None
+        if new is None:  # it had ended already (or, without the lock, ended in between): say how it is now
+            state = conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar()
+            raise Conflict(f"job {job_id} is {state}; only queued or running jobs can be cancelled")
         wakeup.notify(conn)  # a queued job's cancel can unblock the line behind it
     return Job.from_row(new)
 

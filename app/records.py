@@ -51,7 +51,11 @@ class Job:
 
     @classmethod
     def from_row(cls, row) -> "Job":
-        m = row._asdict()  # a plain dict: list pages build fifty records per request
+        return cls.from_values(row._asdict())  # a plain dict: list pages build fifty records per request
+
+    @classmethod
+    def from_values(cls, m: dict[str, Any]) -> "Job":
+        """From a row's values by column name (its JSON columns parsed)."""
         values = {name: m.get(name) for name in _FIELD_NAMES}  # a column left unread is None
         values["state"] = JobState(values["state"])
         values["errors"] = values["errors"] or []

@@ -7,7 +7,9 @@ written through a backend of our own): one schema under our migrations on SQLite
 alike, appends fenced by the sweep's driver lease, and any process replays it to carry the sweep on
 after a restart. (Optuna's RDBStorage would bring a dozen tables and an Alembic history of its own
 into our database, beside ours.) Trials' outcomes stay in the jobs table; each pass reads them and
-tells the study what it has not heard yet.
+tells the study what it has not heard yet. A pass costs what changed: one query says which running
+sweeps' trial jobs moved since their last pass, and only those are advanced, from what this process
+keeps of each (its parsed spec, distributions and study; the ids of its trials' jobs).
 
 One server process per host runs `Searcher` (the holder of the sweeps lock); across hosts, each sweep's
 lease in the database lets one of them advance it at a time.
@@ -18,6 +20,7 @@ import logging
 import threading
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -28,6 +31,7 @@ from optuna.storages.journal import BaseJournalBackend
 from optuna.trial import TrialState
 from sqlalchemy import func, insert, select
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from trainyard.app import admission, queue, sweeps, wakeup
 from trainyard.app.db import metrics, read, sweep_log, write
@@ -46,6 +50,9 @@ PASS_S = 0.2
 IDLE_S = 1.0
 LEASE_S = 30.0
 STUDY = "sweep"
+# New trials one pass asks of one sweep, at most: a sweep with a large max_concurrent makes its trials over
+# several passes (each trial's job is admitted: tens of ms), while the others' passes go on between them.
+ASKS_PER_PASS = 16
 
 
 class LostSweep(Exception):
@@ -75,26 +82,51 @@ class Journal(BaseJournalBackend):
                                              for i, entry in enumerate(logs)])
 
 
-def distributions(spec: SweepSpec) -> dict[str, Any]:
-    """Optuna's distribution of each parameter. Choices are JSON strings: Optuna's categorical values
-    are scalars, and a field may take lists (model.hidden). A grid searches every parameter's values."""
+# A study made by this release holds each choice as an index into its values (study user attr ENCODING):
+# Optuna journals every trial's distributions in full, and choices' values (any JSON, thousands of them)
+# made each trial's entries megabytes, and the replay a copy per trial. Studies without it (made before)
+# hold the values as JSON strings, and are carried on as they were made.
+ENCODING = "trainyard.choices"
+INDEX = "index"
+
+
+def distributions(spec: SweepSpec, index: bool = True) -> tuple[dict[str, Any], dict[str, list]]:
+    """Optuna's distribution of each parameter, and the values of those that are choices (a grid searches
+    every parameter's values): a choice's distribution is over the indices of its values, or (index False,
+    a study made before) over the values as JSON strings, Optuna's categorical values being scalars."""
     grid = spec.grid() if spec.method == "grid" else None
-    out = {}
+    dists, values = {}, {}
     for path, p in spec.parameters.items():
         if grid is not None or isinstance(p, ChoiceParam):
-            values = grid[path] if grid is not None else p.values
-            out[path] = CategoricalDistribution([json.dumps(v) for v in values])
+            values[path] = grid[path] if grid is not None else p.values
+            dists[path] = CategoricalDistribution(list(range(len(values[path]))) if index
+                                                  else [json.dumps(v) for v in values[path]])
         elif isinstance(p, FloatParam):
-            out[path] = FloatDistribution(p.low, p.high, log=p.log, step=p.step)
+            dists[path] = FloatDistribution(p.low, p.high, log=p.log, step=p.step)
         else:
-            out[path] = IntDistribution(p.low, p.high, log=p.log, step=p.step)
-    return out
+            dists[path] = IntDistribution(p.low, p.high, log=p.log, step=p.step)
+    return dists, values
 
 
-def decode(dists: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """A trial's values as the job takes them (the choices back from their JSON)."""
-    return {path: json.loads(v) if isinstance(dists[path], CategoricalDistribution) else v
-            for path, v in params.items()}
+def decode(dists: dict[str, Any], values: dict[str, list], params: dict[str, Any]) -> dict[str, Any]:
+    """A trial's values as the job takes them: a choice's value from its index (or its JSON string)."""
+    def value(path, v):
+        if path not in values:
+            return v
+        return json.loads(v) if isinstance(v, str) else values[path][v]
+    return {path: value(path, v) for path, v in params.items()}
+
+
+def suggest(trial: optuna.Trial, dists: dict[str, Any]) -> None:
+    """Draw each parameter the trial has not drawn yet (all of a new trial's): study.ask(dists), also for a
+    trial whose drawing a stopped process left half done. A parameter drawn already keeps its value."""
+    for path, d in dists.items():
+        if isinstance(d, CategoricalDistribution):
+            trial.suggest_categorical(path, d.choices)
+        elif isinstance(d, IntDistribution):
+            trial.suggest_int(path, d.low, d.high, step=d.step, log=d.log)
+        else:
+            trial.suggest_float(path, d.low, d.high, step=d.step, log=d.log)
 
 
 def sampler(spec: SweepSpec, dists: dict[str, Any], made: int) -> optuna.samplers.BaseSampler:
@@ -124,6 +156,21 @@ def pruner(spec: SweepSpec) -> optuna.pruners.BasePruner:
     return optuna.pruners.SuccessiveHalvingPruner(min_resource=p.min_epochs, reduction_factor=p.reduction_factor)
 
 
+@dataclass
+class Drive:
+    """What the driver keeps of a sweep between passes, made once per process: the stored spec never changes,
+    and the study and the trials' jobs change only through this process while it holds the sweep."""
+    spec: SweepSpec
+    dists: dict[str, Any]
+    values: dict[str, list]    # each choice's values (a grid's: every parameter's), by index
+    study: optuna.Study
+    jobs: dict[int, int]       # trial number -> its job's id
+    failed: int                # trials failed, not pruned or cancelled by hand: max_failed_trials counts them
+    trial_count: int           # what the sweep's row says: trials made,
+    waits: bool                # and whether its error says why a trial waits
+    seen: tuple | None = None  # its trial jobs' signature (sweeps.activity) when a pass last left nothing to do
+
+
 class Searcher:
     """Advances every running sweep, one pass at a time (see module docstring)."""
 
@@ -131,8 +178,12 @@ class Searcher:
         self.engine, self.settings = engine, settings
         # Stable across restarts of this host's server: a restarted driver takes its sweeps back at once.
         self.driver = f"{settings.node}:{Path(settings.data_dir).resolve()}"[-200:]
-        self.studies: dict[int, optuna.Study] = {}
-        self.held: dict[int, float] = {}  # sweep id -> when (monotonic) our lease on it wants renewing
+        self.sweeps: dict[int, Drive] = {}
+        self.held: set[int] = set()         # the sweeps whose lease this process holds
+        self.renew: dict[int, float] = {}   # sweep id -> when (monotonic) to renew our lease, or try to take it
+        # Tells go through the sampler's after_trial hook; the grid's would stop a study it thinks runs under
+        # optimize(). Asks set the sweep's own sampler, and put this one back.
+        self.teller = optuna.samplers.RandomSampler()
         # Woken as idle workers are (app/wakeup.py): a trial's job that ends is followed by the next
         # trial at once, not at the next poll. Created by the process that holds the sweeps lock.
         self.listener: wakeup.Listener | None = None
@@ -165,89 +216,133 @@ class Searcher:
             self.listener.interrupt()
 
     def pass_once(self) -> bool:
-        """Advance each running sweep once; True while any runs."""
-        active = sweeps.running(self.engine)
-        for gone in set(self.studies) - set(active):
-            self.forget(gone)
-        for sweep_id in active:
+        """Advance each running sweep whose trial jobs changed since it last had nothing to do (one query
+        tells which); True while any runs. A sweep whose search fails ends failed, alone."""
+        active = sweeps.activity(self.engine)
+        for gone in set(self.sweeps) | self.held | set(self.renew):
+            if gone not in active:
+                self.forget(gone)
+                self.renew.pop(gone, None)
+        self.lease(list(active))
+        for sweep_id, signature in active.items():
+            d = self.sweeps.get(sweep_id)
+            if sweep_id not in self.held or (d is not None and d.seen == signature):
+                continue
             try:
-                if time.monotonic() >= self.held.get(sweep_id, 0.0):  # the lease wants renewing
-                    if not sweeps.take(self.engine, sweep_id, self.driver, LEASE_S):
-                        self.forget(sweep_id)  # another host drives it: our copy of its study would go stale
-                        continue
-                    self.held[sweep_id] = time.monotonic() + LEASE_S / 3
-                self.advance(sweep_id)
+                d = d or self.load(sweep_id)
+                self.sweeps[sweep_id] = d
+                d.seen = signature if self.advance(sweep_id, d) else None
             except LostSweep:
                 self.forget(sweep_id)
+            except SQLAlchemyError:
+                # The database's trouble, not the sweep's: the next pass carries on from the journal (the
+                # lease is still ours).
+                log.exception("sweep %s", sweep_id)
+                self.sweeps.pop(sweep_id, None)
+            except Exception as e:
+                # This sweep's search cannot go on (a space Optuna cannot draw from, say): it ends failed,
+                # saying why, and the other sweeps carry on.
+                log.exception("sweep %s", sweep_id)
+                self.end(sweep_id, sweeps.FAILED, f"the search failed: {type(e).__name__}: {e}")
         return bool(active)
 
-    def forget(self, sweep_id: int) -> None:
-        self.studies.pop(sweep_id, None)
-        self.held.pop(sweep_id, None)
-
-    def study(self, sweep_id: int, spec: SweepSpec) -> optuna.Study:
-        if sweep_id not in self.studies:
-            storage = JournalStorage(Journal(self.engine, sweep_id, self.driver))
-            direction = spec.goal
-            if storage.get_all_studies():
-                study = optuna.load_study(study_name=STUDY, storage=storage)
+    def lease(self, active: list[int]) -> None:
+        """Renew our leases, all in one write, once one wants it (a third of the way through); sweeps another
+        host holds are tried once a second (taken over when their driver is gone and its lease has run out)."""
+        now = time.monotonic()
+        if not any(now >= self.renew.get(i, 0.0) for i in active):
+            return
+        wanted = [i for i in active if i in self.held or now >= self.renew.get(i, 0.0)]
+        got = sweeps.hold(self.engine, wanted, self.driver, LEASE_S)
+        for sweep_id in wanted:
+            if sweep_id in got:
+                self.held.add(sweep_id)
+                self.renew[sweep_id] = now + LEASE_S / 3
             else:
-                study = optuna.create_study(study_name=STUDY, storage=storage, direction=direction)
-            self.studies[sweep_id] = study
-        return self.studies[sweep_id]
+                self.forget(sweep_id)  # another host drives it: our copy of its study would go stale
+                self.renew[sweep_id] = now + IDLE_S
 
-    def advance(self, sweep_id: int) -> None:
+    def forget(self, sweep_id: int) -> None:
+        self.sweeps.pop(sweep_id, None)
+        self.held.discard(sweep_id)
+
+    def load(self, sweep_id: int) -> Drive:
+        """The sweep as this process drives it: its spec, its study (replayed from the journal, or made on its
+        first pass), its trials' jobs."""
         row = sweeps.get(self.engine, sweep_id)
         spec = SweepSpec.model_validate(row["spec"])
-        study = self.study(sweep_id, spec)
-        study.pruner = pruner(spec)
-        # Tells go through the sampler's after_trial hook; the grid's would stop a study it thinks runs
-        # under optimize(). Asks below set the sweep's own sampler.
-        study.sampler = optuna.samplers.RandomSampler()
-        dists = distributions(spec)
+        storage = JournalStorage(Journal(self.engine, sweep_id, self.driver))
+        if storage.get_all_studies():
+            study = optuna.load_study(study_name=STUDY, storage=storage)
+        else:
+            study = optuna.create_study(study_name=STUDY, storage=storage, direction=spec.goal)
+            study.set_user_attr(ENCODING, INDEX)
+        dists, values = distributions(spec, index=study.user_attrs.get(ENCODING) == INDEX)
+        study.pruner, study.sampler = pruner(spec), self.teller
         found = {j.sweep["trial"]: j for j in sweeps.trials(self.engine, [sweep_id])[sweep_id]}
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            job = found.get(trial.number)
-            if job is None:  # asked, but the process stopped before its job was inserted
-                job = self.enqueue(sweep_id, spec, trial.number, decode(dists, trial.params))
-                if job is None:
-                    return
-                found[trial.number] = job
-            self.follow(study, spec, trial, job)
-        trials = study.get_trials(deepcopy=False)
-        # A trial whose job was cancelled by hand is the user's choice, not a failure of the sweep.
-        failed = sum(t.state == TrialState.FAIL and getattr(found.get(t.number), "state", None) != JobState.CANCELLED
-                     for t in trials)
-        if failed >= spec.max_failed_trials:
-            sweeps.finish(self.engine, sweep_id, self.driver, sweeps.FAILED,
-                          f"{failed} trials failed (max_failed_trials {spec.max_failed_trials}); "
-                          f"the latest: {_latest_error(found.values())}")
-            return
-        active = sum(t.state == TrialState.RUNNING for t in trials)
-        made = len(trials)
-        while made < spec.trials and active < spec.max_concurrent:
-            study.sampler = sampler(spec, dists, made)
-            trial = study.ask(dists)
-            if self.enqueue(sweep_id, spec, trial.number, decode(dists, trial.params)) is None:
-                return
-            made, active = made + 1, active + 1
-        if row["trial_count"] != made or row["error"] is not None:
-            sweeps.note(self.engine, sweep_id, self.driver, made)
-        if made >= spec.trials and active == 0:
-            complete = sum(t.state == TrialState.COMPLETE for t in trials)
-            if complete:
-                sweeps.finish(self.engine, sweep_id, self.driver, sweeps.SUCCEEDED)
-            else:
-                sweeps.finish(self.engine, sweep_id, self.driver, sweeps.FAILED,
-                              f"no trial completed with a {spec.metric}: {_latest_error(found.values())}")
+        failed = sum(_counts_as_failed(found.get(t.number))
+                     for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)))
+        return Drive(spec, dists, values, study, {n: j.id for n, j in found.items()}, failed, row["trial_count"],
+                     row["error"] is not None)
 
-    def enqueue(self, sweep_id: int, spec: SweepSpec, number: int, params: dict[str, Any]) -> Job | None:
-        """The trial's job, inserted; None when this pass should stop (the sweep ended, or waits)."""
+    def advance(self, sweep_id: int, d: Drive) -> bool:
+        """Follow the sweep's running trials, then ask for more up to max_concurrent, or end it. True: nothing
+        is left to do until one of its jobs changes; False: pass again (a trial waits for the fleet)."""
+        spec, study = d.spec, d.study
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        found = sweeps.jobs_by_id(self.engine, [d.jobs[t.number] for t in running if t.number in d.jobs])
+        for trial in running:
+            job = found.get(d.jobs.get(trial.number, 0))
+            if job is None:  # asked, but the process stopped before its job was inserted
+                if set(trial.params) != set(d.dists):  # or even before its values were all drawn
+                    trial = self.draw(d, trial.number, trial._trial_id)
+                job = self.enqueue(sweep_id, d, trial.number, trial.params)
+                if job is None:
+                    return False
+            self.follow(d, trial, job)
+        if d.failed >= spec.max_failed_trials:
+            self.end(sweep_id, sweeps.FAILED, f"{d.failed} trials failed (max_failed_trials {spec.max_failed_trials}); "
+                                              f"the latest: {self.latest_error(sweep_id)}")
+            return True
+        trials = study.get_trials(deepcopy=False)
+        active = sum(t.state == TrialState.RUNNING for t in trials)
+        made = asked = len(trials)
+        while made < spec.trials and active < spec.max_concurrent and made - asked < ASKS_PER_PASS:
+            trial = self.draw(d, made)
+            if self.enqueue(sweep_id, d, trial.number, trial.params) is None:
+                return False
+            made, active = made + 1, active + 1
+        if d.trial_count != made or d.waits:
+            sweeps.note(self.engine, sweep_id, self.driver, made)
+            d.trial_count, d.waits = made, False
+        if made >= spec.trials and active == 0:
+            if any(t.state == TrialState.COMPLETE for t in trials):
+                self.end(sweep_id, sweeps.SUCCEEDED)
+            else:
+                self.end(sweep_id, sweeps.FAILED,
+                         f"no trial completed with a {spec.metric}: {self.latest_error(sweep_id)}")
+        return made - asked < ASKS_PER_PASS
+
+    def draw(self, d: Drive, number: int, trial_id: int | None = None) -> optuna.Trial:
+        """A new trial (asked now, the number-th) or one a stopped process left half drawn (trial_id), with
+        every parameter drawn by the sweep's sampler as of that number. A trial is never run without its
+        values: a draw that raises half way fails the sweep (pass_once), not a trial without them."""
+        d.study.sampler = sampler(d.spec, d.dists, number)
         try:
-            job = sweeps.trial_spec(spec, number, params)
+            trial = d.study.ask() if trial_id is None else optuna.Trial(d.study, trial_id)
+            suggest(trial, d.dists)
+        finally:
+            d.study.sampler = self.teller
+        return trial
+
+    def enqueue(self, sweep_id: int, d: Drive, number: int, drawn: dict[str, Any]) -> Job | None:
+        """The trial's job, inserted; None when this pass should stop (the sweep ended, or waits)."""
+        params = decode(d.dists, d.values, drawn)
+        try:
+            job = sweeps.trial_spec(d.spec, number, params)
         except Invalid as e:
             # Each value alone was checked at submit; this combination of them is refused.
-            sweeps.finish(self.engine, sweep_id, self.driver, sweeps.FAILED, f"trial {number} ({params}): {e}")
+            self.end(sweep_id, sweeps.FAILED, f"trial {number} ({json.dumps(params)[:500]}): {e}")
             return None
         try:
             admitted = admission.admit(self.engine, self.settings, job)
@@ -255,13 +350,28 @@ class Searcher:
             # The fleet refuses it now (no live worker has the plugin it needs, say): the trial waits,
             # asked but without a job, and the sweep says why until a later pass inserts it.
             sweeps.waiting(self.engine, sweep_id, self.driver, f"trial {number} waits: {e}")
+            d.waits = True
             return None
-        return sweeps.enqueue_trial(self.engine, sweep_id, self.driver, number, params, job, admitted)
+        made = sweeps.enqueue_trial(self.engine, sweep_id, self.driver, number, params, job, admitted)
+        if made is not None:
+            d.jobs[number] = made.id
+        return made
 
-    def follow(self, study: optuna.Study, spec: SweepSpec, frozen, job: Job) -> None:
+    def end(self, sweep_id: int, state: str, why: str | None = None) -> None:
+        self.forget(sweep_id)
+        try:
+            sweeps.finish(self.engine, sweep_id, self.driver, state, why if why is None else why[:2000])
+        except SQLAlchemyError:
+            log.exception("sweep %s", sweep_id)  # still running in the database: a later pass ends it
+
+    def latest_error(self, sweep_id: int) -> str:
+        return _latest_error(sweeps.trials(self.engine, [sweep_id])[sweep_id])
+
+    def follow(self, d: Drive, frozen, job: Job) -> None:
         """Tell the study what the trial's job did since the last pass: each new epoch's metric (the
         median rule compares a trial with the finished trials' epochs: every epoch is told), a
         pruning decision on a running job, and how the job ended."""
+        spec, study = d.spec, d.study
         if spec.pruner is not None and job.started_at is not None:
             trial = optuna.Trial(study, frozen._trial_id)
             for epoch, value in self.reports(job.id, spec.metric, max(frozen.intermediate_values, default=0)):
@@ -275,16 +385,14 @@ class Searcher:
                         log.info("sweep %s: trial %s (job %s) pruned at epoch %s", job.sweep_id,
                                  frozen.number, job.id, epoch)
                     return
-        if job.state == JobState.SUCCEEDED:
-            value = sweeps.trial_value(job, spec.metric)
-            if value is None:
-                study.tell(frozen.number, state=TrialState.FAIL)
-            else:
-                study.tell(frozen.number, value)
+        value = sweeps.trial_value(job, spec.metric) if job.state == JobState.SUCCEEDED else None
+        if value is not None:
+            study.tell(frozen.number, value)
         elif job.state == JobState.FAILED and sweeps.failure(job) == Failure.PRUNED:
             study.tell(frozen.number, state=TrialState.PRUNED)
-        elif job.state in (JobState.FAILED, JobState.CANCELLED):
+        elif job.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED):
             study.tell(frozen.number, state=TrialState.FAIL)
+            d.failed += _counts_as_failed(job)
 
     def reports(self, job_id: int, metric: str, after: int) -> list[tuple[int, float]]:
         with read(self.engine) as conn:
@@ -292,6 +400,12 @@ class Searcher:
                 metrics.c.job_id == job_id, metrics.c.epoch > after).order_by(metrics.c.epoch)).all()
         return [(r.epoch, float(r.data[metric])) for r in rows
                 if isinstance(r.data.get(metric), (int, float)) and not isinstance(r.data.get(metric), bool)]
+
+
+def _counts_as_failed(job: Job | None) -> bool:
+    """A trial that failed counts against max_failed_trials unless its job was cancelled by hand (the
+    user's choice, not a failure of the sweep)."""
+    return getattr(job, "state", None) != JobState.CANCELLED
 
 
 def _prune_reason(spec: SweepSpec, epoch: int, value: float) -> str:

@@ -56,16 +56,34 @@ class Settings(BaseSettings):
     job_memory_share: float = Field(0.8, gt=0, le=1)
     # Cap on the share of its GPU's memory one job process may take (torch's per-process fraction).
     job_gpu_memory_fraction: float | None = Field(None, gt=0, le=1)
+    # A job's log on disk (what it prints, all runs together): past it, its first quarter and latest
+    # output are kept, with a line saying how much was dropped between (worker/joblog.py).
+    job_log_bytes: int = Field(16 << 20, ge=64 << 10)
     # The memory a worker's device offers to jobs that state resources.gpu_memory_gb (GB, 10^9 bytes):
     # default, a GPU's total (NVML); set lower to keep headroom. CPU workers offer none unless this
     # is set (then the host's CPU workers share it, as workers on one GPU share that GPU's).
     device_memory_gb: float | None = Field(None, gt=0, le=1_000_000)
+    # Bytes each job that states its GPU memory is counted for beyond its statement on a GPU (its CUDA
+    # context, outside the allocator's cap): jobs packed to the card's total must still fit (app/placement.py).
+    gpu_context_headroom_bytes: int = Field(1 << 30, ge=0, le=1 << 40)
     # Which installed plugins this process offers: "*" all, "" none, or a comma-separated list of names.
     plugins: str = "*"
     # Built-in architectures over this many parameters are refused at submit (422).
     max_parameters: int = Field(1_000_000_000, gt=0)
     # A predict job's output: rows x probabilities per row (classes, or top_k) at most this many.
     max_predict_values: int = Field(1_000_000, gt=0)
+    # A page of a list (GET /jobs, GET /jobs/{id}/metrics): its items' stored JSON at most about this many bytes
+    # (the first item always); past it the page ends early and says where the next one starts.
+    max_list_bytes: int = Field(4 << 20, gt=0)
+    # Server-Sent Event streams (GET /jobs/{id}/events, /sweeps/{id}/events) open at once in one server
+    # process, and on one job or sweep; past either, 503 with Retry-After.
+    max_event_streams: int = Field(1000, gt=0)
+    max_event_streams_per_target: int = Field(300, gt=0)
+    # Sweeps running at once (each is read and advanced several times a second); past it POST /sweeps is a 409.
+    max_running_sweeps: int = Field(50, gt=0)
+    # Model exports (GET /jobs/{id}/artifact?format=onnx...) waiting for a slot in one server process (two
+    # run at once, each a process that imports torch); past it a new one is a 503 with Retry-After.
+    export_queue: int = Field(8, ge=0, le=10_000)
 
     # The name this machine goes by in /devices, /workers and /metrics (default: its hostname). In a
     # container the hostname is the container's: set it to the machine's name, the same for the API

@@ -9,9 +9,18 @@ import re
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_serializer, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
-from trainyard.app import device_names
+from trainyard.app import device_names, text
 from trainyard.app.plugins import NAME as PLUGIN_NAME
 
 # Architectures built by worker/nets.py, plus torchvision.models classifiers by name.
@@ -62,6 +71,9 @@ _UPLOAD_ID = re.compile(r"[a-z0-9]{1,64}")
 JOB_KINDS = ("train", "predict", "run")
 # A plugin's parameters, or a run job's config: JSON of at most this many bytes.
 MAX_PARAMS_BYTES = 64 << 10
+# Free-form JSON a client sends (a run job's config, a plugin's params, a sweep's choice values) nests at
+# most this deep: deeper values overflow the recursion of the serialisers downstream (a 500 at ~300).
+MAX_JSON_DEPTH = 32
 
 MAX_PREDICT_ROWS = 10_000
 # Devices one job may span (ranks of one host).
@@ -71,6 +83,22 @@ MAX_ID = 2**53
 FLOAT32_MAX = 3.4028234663852886e38
 # FakeData decoded to uint8 (samples x C x H x W); training holds it again as float32.
 MAX_FAKE_BYTES = 1 << 30
+# What a job process may report per epoch (ctx.report) and keep beside its model (ctx.save_model's meta):
+# enforced in the job process, and again by its supervisor, which does not trust the job's code.
+MAX_METRIC_KEYS = 100          # a report's own metrics (the allocator's memory stats come on top)
+MAX_METRIC_NAME = 100          # characters of a metric's name
+MAX_MODEL_META_BYTES = 64 << 10  # save_model's extra meta, as JSON
+MAX_META_FILE_BYTES = 1 << 20    # a model's whole meta.json (its class names included): what a predict submit reads
+
+
+def _no_control_chars(v: str) -> str:
+    if found := text.first_control(v):  # a terminal would act on it (ESC ] 52 sets the clipboard)
+        raise ValueError(f"{found}: a name is shown on terminals, which act on control characters")
+    return v
+
+
+# A job's or a sweep's name, a sweep's parameter path: shown by the CLI and the dashboard.
+ShownName = Annotated[str, Field(max_length=200), AfterValidator(_no_control_chars)]
 
 
 class _Strict(BaseModel):
@@ -108,13 +136,33 @@ def is_plugin_dataset(name: str) -> bool:
     return name not in DATASETS and not name.startswith(UPLOAD_PREFIX)
 
 
+def json_depth(value: Any) -> int:
+    """How deep lists and objects nest in a JSON value (a scalar: 0, [1]: 1), without recursing."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, depth)
+            if deepest > MAX_JSON_DEPTH:
+                return deepest  # deep enough to refuse: no need to walk the rest
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def check_depth(value: Any) -> Any:
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise ValueError(f"nests lists or objects more than {MAX_JSON_DEPTH} deep")
+    return value
+
+
 def _bounded_params(v: dict | None) -> dict | None:
-    if v is not None and len(json.dumps(v)) > MAX_PARAMS_BYTES:
+    if v is not None and len(json.dumps(check_depth(v))) > MAX_PARAMS_BYTES:
         raise ValueError(f"is over {MAX_PARAMS_BYTES // 1024} KiB of JSON")
     return v
 
 
-Params = Annotated[dict[str, Any] | None, Field(None, description="a plugin's keyword arguments (JSON, at most 64 KiB)")]
+Params = Annotated[dict[str, Any] | None, Field(None, description="a plugin's keyword arguments (JSON, at most 64 KiB, "
+                                                                "nested at most 32 deep)")]
 
 
 class ModelSpec(_Strict):
@@ -286,11 +334,31 @@ class TrainParams(_Strict):
     # Speed switches. Each falls back cleanly where it does not apply (the job reports what it used).
     precision: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="autocast precision; fp16 adds a grad scaler")
     tf32: bool = Field(True, description="TensorFloat-32 matmuls and convolutions on Ampere+ GPUs")
-    cudnn_benchmark: bool = Field(True, description="let cuDNN pick the fastest conv algorithms")
+    # Before cudnn_benchmark: its validator reads this one.
+    deterministic: bool = Field(False, description="deterministic algorithms only (torch.use_deterministic_"
+                                "algorithms, cuDNN's autotuner off): a resumed CUDA run then repeats bit for bit, "
+                                "at some speed; an op with no deterministic kernel fails the job, naming it")
+    cudnn_benchmark: bool = Field(True, description="let cuDNN pick the fastest conv algorithms (off with "
+                                  "deterministic)")
     channels_last: bool = Field(False, description="channels_last memory format for conv nets")
     compile: bool = Field(False, description="torch.compile the model")
     augment: Augment | None = Field(None, description="image augmentation of the training batches: random crop "
                                     "with padding, horizontal flip (image datasets only; default: none)")
+
+    @field_validator("cudnn_benchmark")
+    @classmethod
+    def _not_with_deterministic(cls, v: bool, info) -> bool:
+        # Only an explicit true: by default the autotuner is simply off in a deterministic job.
+        if v and info.data.get("deterministic"):
+            raise ValueError("cuDNN's autotuner picks algorithms per run: cudnn_benchmark true and deterministic "
+                             "true cannot both hold; drop cudnn_benchmark")
+        return v
+
+    @model_validator(mode="after")
+    def _deterministic_without_autotuner(self):
+        if self.deterministic:
+            self.cudnn_benchmark = False
+        return self
 
     @model_serializer(mode="wrap")
     def _applicable(self, handler):
@@ -305,7 +373,7 @@ class Resources(_Strict):
 
 
 class _JobBase(_Strict):
-    name: str | None = Field(None, max_length=200)
+    name: ShownName | None = None
     device: str = Field("auto", pattern=DEVICE_PATTERN, description="auto, cpu, cuda or cuda:N")
     priority: int = Field(0, ge=-1000, le=1000, description="higher runs first")
     max_attempts: int = Field(3, ge=1, le=100, description="runs lost to infrastructure failures before giving up")
@@ -412,7 +480,8 @@ class RunJob(_MultiDevice):
     """Your own training program, installed on the workers as an entry point (trainyard.entrypoints)."""
     kind: Literal["run"]
     entrypoint: str = Field(description="an installed entrypoint plugin: fn(ctx, config) -> dict | None")
-    config: dict[str, Any] = Field(default_factory=dict, description="passed to the entrypoint (JSON, at most 64 KiB)")
+    config: dict[str, Any] = Field(default_factory=dict, description="passed to the entrypoint (JSON, at most 64 KiB, "
+                                                                      "nested at most 32 deep)")
     epochs: int | None = Field(None, ge=1, le=1_000_000, description="progress denominator (or ctx.set_total)")
 
     @field_validator("entrypoint")
@@ -472,6 +541,12 @@ def catalog(plugins: list[dict] | None = None) -> dict:
 SWEEP_METHODS = ("grid", "random", "tpe")
 MAX_SWEEP_TRIALS = 1000
 MAX_GRID_VALUES = 10_000  # a parameter's values the grid enumerates (an int range's length, say)
+# A sweep's choice values, all its parameters together: each is checked as a whole job at submit, and
+# the study holds each trial's choice of them (app/search.py journals an index into them, not the value).
+MAX_CHOICE_VALUES = 1000
+MAX_CHOICE_BYTES = 256 << 10
+# Steps of a float range with a step: Optuna counts them in 28-digit decimals, and a grid enumerates them.
+MAX_RANGE_STEPS = 2**53
 TRAIN_SWEEP_METRICS = ("val_loss", "val_accuracy", "train_loss")
 # A path ends in a number, a number or anything (below a plugin's params or a run job's config), or else.
 NUMBER, INTEGER, ANY, OTHER = "number", "integer", "any", "other"
@@ -487,6 +562,11 @@ class FloatParam(_Strict):
     @model_validator(mode="after")
     def _range(self):
         _check_range(self.low, self.high, self.log, self.step)
+        if not math.isfinite(self.high - self.low):
+            raise ValueError(f"the range from {self.low} to {self.high} is wider than a float holds; narrow it")
+        if self.step is not None and not (self.high - self.low) / self.step <= MAX_RANGE_STEPS:
+            raise ValueError(f"step {self.step} makes over {MAX_RANGE_STEPS:,} steps from low to high; "
+                             "take a larger step")
         return self
 
 
@@ -505,12 +585,16 @@ class IntParam(_Strict):
 
 class ChoiceParam(_Strict):
     type: Literal["choice"]
-    values: list[Any] = Field(min_length=1, max_length=MAX_GRID_VALUES,
-                              description="the values to choose from: any JSON the field takes (lists too)")
+    values: list[Any] = Field(min_length=1, max_length=MAX_CHOICE_VALUES,
+                              description="the values to choose from: any JSON the field takes (lists too), "
+                              "nested at most 32 deep")
 
     @field_validator("values")
     @classmethod
     def _distinct(cls, v: list) -> list:
+        for i, x in enumerate(v):
+            if json_depth(x) > MAX_JSON_DEPTH:
+                raise ValueError(f"values[{i}] nests lists or objects more than {MAX_JSON_DEPTH} deep")
         encoded = [json.dumps(x, sort_keys=True) for x in v]
         if len(set(encoded)) != len(encoded):
             raise ValueError("values repeat; give each value once")
@@ -551,9 +635,9 @@ BaseJob = Annotated[Union[TrainJob, RunJob], Field(discriminator="kind")]
 
 class SweepSpec(_Strict):
     """A search over a base job's fields: each trial is the base job with the trial's values set."""
-    name: str | None = Field(None, max_length=200)
+    name: ShownName | None = None
     job: BaseJob = Field(description="the base job: a train job or a run job")
-    parameters: dict[Annotated[str, Field(max_length=200)], SweepParam] = Field(
+    parameters: dict[ShownName, SweepParam] = Field(
         min_length=1, max_length=32, description="search space by dotted path into the job: train.lr, model.hidden, "
         "config.width (a run job's config)...")
     method: Literal[SWEEP_METHODS] = Field("tpe", description="grid: every combination; random; tpe: Optuna's "  # type: ignore[valid-type]

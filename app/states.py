@@ -15,11 +15,15 @@ class JobState(str, Enum):
 
 TERMINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
+# A worker's state beside idle, busy, stopping and stopped: alive (it heartbeats) but unable to use its
+# device (no CUDA, a driver too old, a device that failed under a job); it claims nothing.
+WORKER_UNAVAILABLE = "unavailable"
+
 
 class Failure(str, Enum):
     """Why a run failed; the class decides whether the job is tried again."""
     JOB = "job"                        # the job's own error (a spec that does not fit the data, a NaN loss)
-    INFRASTRUCTURE = "infrastructure"  # its worker was lost (lease expired), or its object store failed: tried again
+    INFRASTRUCTURE = "infrastructure"  # its worker was lost (lease expired), its object store or its device failed: tried again
     OOM = "oom"                        # out of memory (CUDA, or the job's host-memory budget)
     CRASHED = "crashed"                # the job process died by a signal or exited without a word
     TIMEOUT = "timeout"                # past the job's timeout_s
@@ -33,6 +37,11 @@ class Failure(str, Enum):
 # Only a lost worker is retried automatically: the job's own error, an out-of-memory or a crash
 # would fail the same way again.
 RETRYABLE = frozenset({Failure.INFRASTRUCTURE})
+
+
+# The error type of a run whose device failed under it (an `infrastructure` failure): the worker whose
+# own device it was stops claiming jobs.
+DEVICE_FAILURE = "DeviceFailure"
 
 
 def error_record(cls: Failure, type_: str, message: str, traceback: str | None = None) -> dict:

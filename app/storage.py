@@ -72,6 +72,23 @@ class Store:
     def read_bytes(self, key: str) -> bytes:
         return b"".join(self.stream(key))
 
+    def read_range(self, key: str, start: int = 0, last: int | None = None) -> tuple[int, int, Iterator[bytes]]:
+        """(size, first, chunks): key's bytes from `start`, or its `last` bytes, streamed up to the size
+        it had when opened (a file that grows gives its new bytes to the next read). FileNotFoundError at
+        once if it is missing."""
+        f = open(self.fetch(key), "rb")  # a file replaced meanwhile (a trimmed log) is read whole, the old one
+        size = os.fstat(f.fileno()).st_size
+        first = max(0, size - last) if last is not None else min(start, size)
+        f.seek(first)
+
+        def chunks() -> Iterator[bytes]:
+            with f:
+                left = size - first
+                while left > 0 and (block := f.read(min(CHUNK, left))):
+                    left -= len(block)
+                    yield block
+        return size, first, chunks()
+
     def keys(self, prefix: str) -> list[str]:
         root = self.layout.resolve(prefix)
         if not root.is_dir():
@@ -161,6 +178,29 @@ class S3Store(Store):
             with body:
                 yield from body.iter_chunks(CHUNK)
         return chunks()
+
+    def read_range(self, key: str, start: int = 0, last: int | None = None) -> tuple[int, int, Iterator[bytes]]:
+        from botocore.exceptions import ClientError
+        with self._calling(key):  # one GET: the object's size comes back in its Content-Range
+            try:
+                got = self.client.get_object(Bucket=self.bucket, Key=self._key(key),
+                                             Range=f"bytes=-{last}" if last is not None else f"bytes={start}-")
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") != "InvalidRange":
+                    raise
+                got = None
+        if got is None:  # start at or past the end (or an empty object)
+            size = self.size(key)
+            return size, min(start, size), iter(())
+        span = got.get("ContentRange")  # "bytes 100-199/2000"; absent when the whole object came back
+        size = int(span.rsplit("/", 1)[1]) if span else got["ContentLength"]
+        first = int(span.split()[1].split("-")[0]) if span else 0
+        body = got["Body"]
+
+        def chunks() -> Iterator[bytes]:
+            with body:
+                yield from body.iter_chunks(CHUNK)
+        return size, first, chunks()
 
     def keys(self, prefix: str) -> list[str]:
         full = self._key(prefix.rstrip("/") + "/")

@@ -8,10 +8,11 @@ metrics, artifacts. One server process at a time drives a sweep: it holds the sw
 its claim.
 """
 import json
+import math
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import and_, func, insert, select, update
+from sqlalchemy import and_, case, func, insert, select, update
 from sqlalchemy.engine import Engine
 
 from trainyard.app import admission, queue
@@ -22,6 +23,8 @@ from trainyard.app.settings import Settings
 from trainyard.app.spec import (
     HIGHER_IS_BETTER,
     INTEGER,
+    MAX_CHOICE_BYTES,
+    MAX_CHOICE_VALUES,
     MAX_SWEEP_TRIALS,
     OTHER,
     TRAIN_SWEEP_METRICS,
@@ -38,8 +41,10 @@ RUNNING, SUCCEEDED, FAILED, CANCELLED = "running", "succeeded", "failed", "cance
 SWEEP_STATES = (RUNNING, SUCCEEDED, FAILED, CANCELLED)
 # Counts by trial: the job states, with pruned trials apart from the ones that failed.
 COUNT_KEYS = ("queued", "running", "succeeded", "pruned", "failed", "cancelled")
-# Choice values each checked by the job spec at submit; the workers' admission runs on the first few.
+# Choice values each checked by the job spec at submit; the workers' admission runs on the first few of
+# each parameter, and on at most ADMIT_CALLS in all (each looks the installed plugins up: tens of ms).
 ADMIT_VALUES = 8
+ADMIT_CALLS = 32
 
 
 # ---- submitting ---------------------------------------------------------------------------------
@@ -50,6 +55,13 @@ def admit(engine: Engine, settings: Settings, spec: SweepSpec) -> None:
     the fleet accept."""
     kind = spec.job.kind
     base = spec.job.model_dump(mode="json")
+    choices = [p.values for p in spec.parameters.values() if isinstance(p, ChoiceParam)]
+    if sum(map(len, choices)) > MAX_CHOICE_VALUES:
+        raise Invalid(f"the choices hold {sum(map(len, choices)):,} values in all; a sweep takes at most "
+                      f"{MAX_CHOICE_VALUES:,}", loc=("parameters",))
+    if sum(len(json.dumps(v)) for v in choices) > MAX_CHOICE_BYTES:
+        raise Invalid(f"the choices' values are over {MAX_CHOICE_BYTES >> 10} KiB of JSON in all",
+                      loc=("parameters",))
     for path, p in spec.parameters.items():
         at = ("parameters", path)
         try:
@@ -64,7 +76,7 @@ def admit(engine: Engine, settings: Settings, spec: SweepSpec) -> None:
         values = p.values if isinstance(p, ChoiceParam) else [p.low, p.high]
         for i, value in enumerate(values):
             job = _trial_job(base, {path: value}, at)
-            if i < ADMIT_VALUES:
+            if i < min(ADMIT_VALUES, max(1, ADMIT_CALLS // len(spec.parameters))):
                 try:
                     admission.admit(engine, settings, job)
                 except Invalid as e:
@@ -74,7 +86,7 @@ def admit(engine: Engine, settings: Settings, spec: SweepSpec) -> None:
     if spec.method == "grid":
         try:
             size = spec.grid_size()
-        except ValueError as e:
+        except (ValueError, ArithmeticError) as e:
             raise Invalid(str(e), loc=("method",)) from None
         if spec.max_trials is not None and spec.max_trials < size:
             raise Invalid(f"the grid has {size:,} combinations; max_trials {spec.max_trials} would leave some out "
@@ -123,12 +135,80 @@ def get(engine: Engine, sweep_id: int) -> dict:
     return row._asdict()
 
 
+# What a list item and an event stream show of a sweep's spec, read by the database from the stored JSON:
+# the spec itself (up to the request body's size, mostly choice values) is never read whole for them.
+_SUMMARY = {"method": sweeps.c.spec["method"].as_string(), "metric": sweeps.c.spec["metric"].as_string(),
+            "direction": sweeps.c.spec["direction"].as_string(),
+            "max_trials": sweeps.c.spec["max_trials"].as_integer(),
+            "max_concurrent": sweeps.c.spec["max_concurrent"].as_integer()}
+_SUMMARISED = select(*(c for c in sweeps.c if c.name != "spec"), *(v.label(k) for k, v in _SUMMARY.items()))
+# A grid sweep without max_trials makes as many trials as its grid has combinations: counted once per
+# sweep and process from its parameters (a stored spec never changes).
+_grid_sizes: dict[int, int] = {}
+
+
+def summary(spec: dict) -> dict:
+    """What a sweep's spec says of its plan, from the stored spec (validated when it was submitted): method,
+    metric, direction, max_trials (SweepSpec.trials), max_concurrent."""
+    return {"method": spec["method"], "metric": spec["metric"], "direction": _goal(spec),
+            "max_trials": _planned(spec["method"], spec.get("max_trials"), lambda: spec["parameters"]),
+            "max_concurrent": spec["max_concurrent"]}
+
+
+def _planned(method: str, max_trials: int | None, parameters) -> int:
+    """SweepSpec.trials of a stored spec; parameters() gives its parameters, called only for a grid."""
+    if method != "grid":
+        return max_trials or 20
+    size = 1
+    for p in parameters().values():
+        if p["type"] == "choice":
+            size *= len(p["values"])
+        else:  # an int range, or a float range with a step (a grid has no other)
+            size *= int(math.floor((p["high"] - p["low"]) / (p.get("step") or 1) + 1e-9)) + 1
+    return min(size, max_trials or MAX_SWEEP_TRIALS)
+
+
+def get_summary(engine: Engine, sweep_id: int) -> dict:
+    """The sweep's row without its spec, with its summary (the spec's plan) in its place."""
+    rows = _summarised(engine, _SUMMARISED.where(sweeps.c.id == sweep_id))
+    if not rows:
+        raise NotFound(f"sweep {sweep_id} not found")
+    return rows[0]
+
+
+def _summarised(engine: Engine, query) -> list[dict]:
+    with read(engine) as conn:
+        rows = [r._asdict() for r in conn.execute(query)]
+    for r in rows:
+        plan = {k: r.pop(k) for k in _SUMMARY}
+        sweep_id = r["id"]
+        if plan["method"] == "grid" and plan["max_trials"] is None:
+            if sweep_id not in _grid_sizes:
+                if len(_grid_sizes) > 10_000:
+                    _grid_sizes.clear()
+                _grid_sizes[sweep_id] = _planned("grid", None, lambda: _parameters(engine, sweep_id))
+            planned = _grid_sizes[sweep_id]
+        else:
+            planned = _planned(plan["method"], plan["max_trials"], dict)
+        r["summary"] = {**plan, "direction": _goal(plan), "max_trials": planned}
+    return rows
+
+
+def _parameters(engine: Engine, sweep_id: int) -> dict:
+    with read(engine) as conn:
+        return conn.execute(select(sweeps.c.spec["parameters"]).where(sweeps.c.id == sweep_id)).scalar_one()
+
+
 def page(engine: Engine, state: str | None = None, limit: int = 50, offset: int = 0) -> tuple[list[dict], int]:
+    """A page of sweeps without their specs (each with its summary instead), newest first, and how many match."""
     where = and_(True, *([sweeps.c.state == state] if state else []))
     with read(engine) as conn:
         total = conn.execute(select(func.count()).select_from(sweeps).where(where)).scalar_one()
-        rows = conn.execute(select(sweeps).where(where).order_by(sweeps.c.id.desc()).limit(limit).offset(offset))
-        return [r._asdict() for r in rows], total
+    rows = _summarised(engine, _SUMMARISED.where(where).order_by(sweeps.c.id.desc()).limit(limit).offset(offset))
+    return rows, total
+
+
+_LIGHT = [c for c in jobs.c if c.name not in ("spec", "errors")]
 
 
 def trials(engine: Engine, sweep_ids: list[int]) -> dict[int, list[Job]]:
@@ -136,9 +216,8 @@ def trials(engine: Engine, sweep_ids: list[int]) -> dict[int, list[Job]]:
     out: dict[int, list[Job]] = {i: [] for i in sweep_ids}
     if not sweep_ids:
         return out
-    columns = [c for c in jobs.c if c.name not in ("spec", "errors")]
     with read(engine) as conn:
-        rows = conn.execute(select(*columns).where(jobs.c.sweep_id.in_(sweep_ids)).order_by(jobs.c.id)).all()
+        rows = conn.execute(select(*_LIGHT).where(jobs.c.sweep_id.in_(sweep_ids)).order_by(jobs.c.id)).all()
     for row in rows:
         job = Job.from_row(row)
         out[job.sweep_id].append(job)
@@ -180,23 +259,52 @@ def counts(found: list[Job]) -> dict[str, int]:
     return out
 
 
-def curves(engine: Engine, sweep_id: int) -> dict:
-    """Every trial's metric per epoch, for one chart."""
-    row = get(engine, sweep_id)
-    spec = row["spec"]
+# Points of GET /sweeps/{id}/curves per response, at most (a limit of the request's own may be lower).
+MAX_CURVE_POINTS = 10_000
+
+
+def curves(engine: Engine, sweep_id: int, since: int = 0, limit: int = MAX_CURVE_POINTS) -> dict:
+    """Every trial's metric per epoch, for one chart, a page at a time: the points recorded after the cursor
+    `since` (0: from the start), at most `limit` of them, in the order they were recorded; `next` is the cursor
+    of the next page (and of the points recorded later), `more` whether points were left for it. An epoch
+    recorded again (a resumed run) comes again, later: the last point of an epoch is the one that holds."""
+    row = get_summary(engine, sweep_id)
+    plan = row["summary"]
     found = trials(engine, [sweep_id])[sweep_id]
-    best = best_trial(spec, found)
+    best = best_trial(plan, found)
     points: dict[int, list] = {j.id: [] for j in found}
+    last, more = since, False
     if found:
+        # "+ 0": walk the metrics in the order they were recorded (their primary key) from the cursor and stop at
+        # the limit, rather than gather all of the trials' points through the (job, epoch) index to sort them.
+        # The metric alone is taken out of each record's JSON, by the database (a number on SQLite, text on
+        # PostgreSQL): no record is decoded whole.
+        query = (select(metrics.c.id, metrics.c.job_id, metrics.c.epoch,
+                        metrics.c.data[plan["metric"]].as_string().label("value"))
+                 .where((metrics.c.job_id + 0).in_(list(points)), metrics.c.id > since)
+                 .order_by(metrics.c.id).limit(limit + 1))
         with read(engine) as conn:
-            for r in conn.execute(select(metrics.c.job_id, metrics.c.epoch, metrics.c.data)
-                                  .where(metrics.c.job_id.in_(list(points))).order_by(metrics.c.epoch)):
-                value = r.data.get(spec["metric"])
-                if isinstance(value, (int, float)):
-                    points[r.job_id].append([r.epoch, value])
-    return {"metric": spec["metric"], "direction": _goal(spec),
+            rows = conn.execute(query).all()
+        more = len(rows) > limit
+        for r in rows[:limit]:
+            last = r.id
+            value = _number(r.value)
+            if value is not None:
+                points[r.job_id].append([r.epoch, value])
+    return {"metric": plan["metric"], "direction": plan["direction"], "next": last, "more": more,
             "trials": [{"trial": j.sweep["trial"], "job_id": j.id, "state": j.state, "failure": failure(j),
                         "best": best is not None and j.id == best.id, "points": points[j.id]} for j in found]}
+
+
+def _number(value) -> float | int | None:
+    if isinstance(value, str):  # the metric's JSON text
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return value
+    return None
 
 
 # ---- client actions -------------------------------------------------------------------------------
@@ -230,12 +338,16 @@ def driven(sweep_id: int, driver: str):
 
 def take(engine: Engine, sweep_id: int, driver: str, lease_s: float) -> bool:
     """Hold (or keep holding) the right to advance a running sweep for lease_s seconds."""
+    return sweep_id in hold(engine, [sweep_id], driver, lease_s)
+
+
+def hold(engine: Engine, sweep_ids: list[int], driver: str, lease_s: float) -> set[int]:
+    """take() for many sweeps in one write (a driver renews all it holds at once); the ones now held."""
     with write(engine) as conn:
-        res = conn.execute(update(sweeps).where(
-            sweeps.c.id == sweep_id, sweeps.c.state == RUNNING,
+        return set(conn.execute(update(sweeps).where(
+            sweeps.c.id.in_(sweep_ids), sweeps.c.state == RUNNING,
             (sweeps.c.driver == driver) | sweeps.c.driver.is_(None) | (sweeps.c.driver_until < db_now()))
-            .values(driver=driver, driver_until=db_now() + lease_s))
-    return res.rowcount == 1
+            .values(driver=driver, driver_until=db_now() + lease_s).returning(sweeps.c.id)).scalars())
 
 
 def running(engine: Engine) -> list[int]:
@@ -243,18 +355,46 @@ def running(engine: Engine) -> list[int]:
         return list(conn.execute(select(sweeps.c.id).where(sweeps.c.state == RUNNING).order_by(sweeps.c.id)).scalars())
 
 
+# What of a sweep's trial jobs the driver watches: a job made, claimed, requeued, retried or ended, or one that
+# reports an epoch, changes one of these sums (states counted apart, so that two changes cannot cancel out).
+_ACTIVITY = (
+    select(sweeps.c.id, func.count(jobs.c.id),
+           *(func.sum(case((jobs.c.state == s, 1), else_=0)) for s in (queue.QUEUED, queue.RUNNING, queue.FAILED)),
+           *(func.sum(func.coalesce(c, 0)) for c in (jobs.c.claim, jobs.c.attempt, jobs.c.epoch, jobs.c.epochs)),
+           func.max(jobs.c.finished_at))
+    .select_from(sweeps.outerjoin(jobs, jobs.c.sweep_id == sweeps.c.id))
+    .where(sweeps.c.state == RUNNING).group_by(sweeps.c.id).order_by(sweeps.c.id))
+
+
+def activity(engine: Engine) -> dict[int, tuple]:
+    """Each running sweep, with a signature of its trial jobs that moves whenever one of them changes (one
+    query: the driver advances only the sweeps whose signature moved)."""
+    with read(engine) as conn:
+        return {row[0]: tuple(row[1:]) for row in conn.execute(_ACTIVITY)}
+
+
+def jobs_by_id(engine: Engine, job_ids: list[int]) -> dict[int, Job]:
+    """Trial jobs by id, without their heavy spec and errors (the driver reads only its running trials')."""
+    if not job_ids:
+        return {}
+    with read(engine) as conn:
+        rows = conn.execute(select(*_LIGHT).where(jobs.c.id.in_(job_ids))).all()
+    return {row.id: Job.from_row(row) for row in rows}
+
+
 def enqueue_trial(engine: Engine, sweep_id: int, driver: str, trial: int, params: dict[str, Any],
                   job, admitted: admission.Admitted) -> Job | None:
-    """Insert the trial's job while the sweep runs under this driver; the same trial never gets two
-    (its idempotency key). None: the sweep has ended or another driver holds it."""
-    key = f"sweep-{sweep_id}-trial-{trial}"
+    """Insert the trial's job while the sweep runs under this driver; the same trial never gets two: its
+    job is found by (sweep, trial) under the sweep's row lock, never by an idempotency key, which a client
+    could send first. None: the sweep has ended or another driver holds it."""
     with write(engine) as conn:
         if conn.execute(select(sweeps.c.id).where(driven(sweep_id, driver)).with_for_update()).first() is None:
             return None
-        existing = conn.execute(select(jobs).where(jobs.c.idempotency_key == key)).first()
+        existing = conn.execute(select(jobs).where(jobs.c.sweep_id == sweep_id,
+                                                   jobs.c.sweep["trial"].as_integer() == trial)).first()
         if existing is not None:
             return Job.from_row(existing)
-        return queue.insert_job(conn, job, key, admitted.parameters, admitted.needs,
+        return queue.insert_job(conn, job, None, admitted.parameters, admitted.needs,
                                 sweep={"id": sweep_id, "trial": trial, "params": params})
 
 

@@ -10,13 +10,18 @@ from sqlalchemy.engine import Engine
 from trainyard.app import placement, wakeup
 from trainyard.app.db import db_now, read, workers, write
 from trainyard.app.errors import Conflict, NotFound
+from trainyard.app.states import WORKER_UNAVAILABLE
 
 LIVE = ("idle", "busy")
+# Alive but unable to use its device (stats["unavailable"] says why): it claims nothing, and the jobs
+# only it could take say why they wait.
+UNAVAILABLE = WORKER_UNAVAILABLE
 
 
-def register_worker(engine: Engine, worker_id: str, host: str, pid: int, device: str, stats: dict) -> None:
+def register_worker(engine: Engine, worker_id: str, host: str, pid: int, device: str, stats: dict,
+                    state: str = "idle") -> None:
     with write(engine) as conn:
-        conn.execute(insert(workers).values(id=worker_id, host=host, pid=pid, device=device, state="idle",
+        conn.execute(insert(workers).values(id=worker_id, host=host, pid=pid, device=device, state=state,
                                             stats=stats, started_at=db_now(), last_heartbeat=db_now()))
 
 

@@ -8,6 +8,8 @@ training seconds of each epoch (evaluation excluded, as in the service's samples
   a DataLoader with shuffle and num_workers=2, `.to(device)` per batch, `loss.item()` per step.
 - tight: the best plain eager loop we know: tensors in memory, a shuffled index per epoch, batches
   sliced from it, losses accumulated on the device and read once per epoch.
+Every epoch's clock stops only once the device has finished the epoch's work (`now`): on CUDA the
+loops' calls return as soon as the kernels are queued, and their clock would measure the launches.
 """
 import json
 import sys
@@ -22,6 +24,13 @@ from trainyard.app.spec import parse_spec
 from trainyard.worker import data, nets, train
 
 
+def now(device: torch.device) -> float:
+    """time.perf_counter(), read once the device has done the work queued on it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def seed000(spec, d, device, epochs):
     torch.manual_seed(spec.train.seed)
     model = nets.build_model(spec.model, d.input_shape, len(d.class_names)).to(device)
@@ -30,14 +39,14 @@ def seed000(spec, d, device, epochs):
     X_train, y_train = d.x_train.to(device), d.y_train.to(device)
     seconds, losses = [], []
     for i in range(epochs):
-        start = time.perf_counter()
+        start = now(device)
         y_pred = model.forward(X_train)
         loss = criterion(y_pred, y_train)
         losses.append(loss)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        seconds.append(time.perf_counter() - start)
+        seconds.append(now(device) - start)
     return seconds, len(y_train)
 
 
@@ -49,7 +58,7 @@ def tight(spec, d, device, epochs):
     x, y, bs = d.x_train.to(device), d.y_train.to(device), spec.train.batch_size
     seconds = []
     for _ in range(epochs):
-        start = time.perf_counter()
+        start = now(device)
         model.train()
         total = torch.zeros((), device=device)
         perm = torch.randperm(len(y), device=device)
@@ -61,7 +70,7 @@ def tight(spec, d, device, epochs):
             optimizer.step()
             total += loss.detach()
         total.item()
-        seconds.append(time.perf_counter() - start)
+        seconds.append(now(device) - start)
     return seconds, len(y)
 
 
@@ -83,7 +92,7 @@ def seed002(spec, d, device, epochs):
     optimizer = torch.optim.SGD(net.parameters(), lr=spec.train.lr, momentum=spec.train.momentum)
     seconds = []
     for epoch in range(epochs):
-        start = time.perf_counter()
+        start = now(device)
         running_loss = 0.0
         for i, batch in enumerate(trainloader, 0):
             inputs, labels = batch[0].to(device), batch[1].to(device)
@@ -93,7 +102,7 @@ def seed002(spec, d, device, epochs):
             loss.backward()
             optimizer.step()
             running_loss += loss.item()
-        seconds.append(time.perf_counter() - start)
+        seconds.append(now(device) - start)
     return seconds, len(trainset)
 
 

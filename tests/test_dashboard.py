@@ -82,7 +82,8 @@ def test_page_loads_clean_and_shows_the_cpu_and_its_worker(live, watched):
     # Everything comes from the server itself: no CDN, no fonts, nothing else.
     assert watched.requests and all(r.url.startswith(live.url + "/") for r in watched.requests), \
         [r.url for r in watched.requests]
-    assert any(r.url.endswith("/jobs?limit=100&include=spec,result") for r in watched.requests)
+    # The list poll asks for no specs (a predict job's rows are megabytes): its summaries say what each job is.
+    assert any(r.url.endswith("/jobs?limit=100&include=result") for r in watched.requests)
 
 
 def test_job_reaches_succeeded_and_its_page_plots_every_epoch(live, watched, tmp_path):
@@ -249,6 +250,29 @@ def test_devices_are_grouped_by_host_and_a_draining_worker_says_so(live, watched
     expect(page.get_by_test_id("cpu-h100-box")).to_contain_text("h-cpu")
     assert watched.errors == []
 
+def test_an_unavailable_gpu_worker_shows_why(live, watched):
+    """A recorded host whose driver is older than the torch build needs: its cuda:0 worker is listed with
+    its reason, though NVML's GPU list has no entry it could sit under."""
+    gib = 2**30
+    why = ("cuda:0: CUDA is not available: the NVIDIA driver 570.86.15 supports CUDA up to 12.8, and torch "
+           "2.14.1+cu130 is built for CUDA 13.0 (driver R580 or newer). Upgrade the driver, or install torch built "
+           "for CUDA 12.x: TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128")
+    stuck = {"id": "old-w0", "host": "old-box", "pid": 1, "device": "cuda:0", "state": "unavailable",
+             "job_id": None, "torch": None, "last_heartbeat_age_s": 0.5, "draining": False, "unavailable": why}
+    cpu = {"cores": 8, "memory_total": 64 * gib, "memory_available": 60 * gib, "workers": []}
+    hosts = [{"host": "old-box", "driver_version": "570.86.15", "cuda_devices": [], "other_workers": [stuck],
+              "cpu": cpu}]
+    payload = {"cuda_available": False, "driver_version": "570.86.15", "torch_version": "2.14.1",
+               "cuda_version": "13.0", "cudnn_version": None, "hosts": hosts, "cuda_devices": [], "cpu": cpu, "other_workers": [stuck]}
+    page = watched.page
+    page.route("**/devices", lambda route: route.fulfill(json=payload))
+    page.goto(live.url + "/")
+    expect(page.get_by_test_id("other-workers-old-box")).to_contain_text("old-w0")
+    expect(page.get_by_test_id("worker-unavailable-old-w0")).to_have_text(why)
+    expect(page.get_by_test_id("worker-old-w0")).to_have_attribute("data-state", "unavailable")
+    assert watched.errors == []
+
+
 def test_token_is_asked_for_stored_and_sent(browser, tmp_path):
     svc = Service(tmp_path / "data", env={"TRAINYARD_API_TOKEN": "dash-s3cret"}).start_server()
     w = Watched(browser)
@@ -265,7 +289,7 @@ def test_token_is_asked_for_stored_and_sent(browser, tmp_path):
         page.get_by_role("button", name="Save token").click()
         expect(state_cell(page, job["id"])).to_have_text("queued")
         expect(token).to_be_hidden()
-        sent = [r.all_headers().get("authorization") for r in w.requests if r.url.endswith("/jobs?limit=100&include=spec,result")]
+        sent = [r.all_headers().get("authorization") for r in w.requests if r.url.endswith("/jobs?limit=100&include=result")]
         assert sent[-1] == "Bearer dash-s3cret"
 
         page.reload()  # kept in localStorage
@@ -471,10 +495,24 @@ def recorded_curves(sweep: dict) -> dict:
                        for t in sweep["trials"]]}
 
 
+def paged_curves(sweep: dict, route, log: list, asked: list) -> dict:
+    """The curves as the server pages them: points in the order they were recorded (`log`, grown with the sweep's
+    new epochs), three a page, `since` and `next` positions in that order (each `since` asked kept in `asked`)."""
+    since = int(re.search(r"[?&]since=(\d+)", route.request.url).group(1))
+    whole = recorded_curves(sweep)
+    for t in whole["trials"]:
+        log.extend((t["trial"], p) for p in t["points"] if (t["trial"], p[0]) not in {(n, q[0]) for n, q in log})
+    page = log[since:since + 3]
+    for t in whole["trials"]:
+        t["points"] = [p for n, p in page if n == t["trial"]]
+    asked.append(since)
+    return {**whole, "next": since + len(page), "more": since + len(page) < len(log)}
+
+
 def test_sweep_page_from_recorded_payloads_log_axis_pruned_curves_live_updates_and_cancel(live, watched):
     """No search runs here: the page is fed a sweep mid-way (what the real server gives is the test above)."""
     sweep = recorded_sweep()
-    cancels = []
+    cancels, log, asked = [], [], []
 
     def sweep_route(route):
         if route.request.method == "POST":
@@ -485,7 +523,7 @@ def test_sweep_page_from_recorded_payloads_log_axis_pruned_curves_live_updates_a
     page = watched.page
     page.route("**/sweeps/9001", sweep_route)
     page.route("**/sweeps/9001/cancel", sweep_route)
-    page.route("**/sweeps/9001/curves", lambda route: route.fulfill(json=recorded_curves(sweep)))
+    page.route("**/sweeps/9001/curves?*", lambda route: route.fulfill(json=paged_curves(sweep, route, log, asked)))
     page.goto(f"{live.url}/#/sweeps/9001")
     expect(page.get_by_test_id("sweep-state")).to_have_text("running")
     expect(page.get_by_test_id("sweep-facts")).to_contain_text("tpe · median pruner")
@@ -549,6 +587,8 @@ def test_sweep_page_from_recorded_payloads_log_axis_pruned_curves_live_updates_a
     expect(page.get_by_test_id("trial-row-2")).to_have_attribute("data-best", "false")
     expect(page.get_by_test_id("trial-row-3")).to_contain_text("6/8")
     expect(curves.locator("[data-trial='3']")).to_have_attribute("data-points", "6")
+    # The page read the curves a page at a time, and later only the points after its cursor.
+    assert asked[:8] == [0, 3, 6, 9, 12, 15, 18, 21] and 0 not in asked[1:], asked
     expect(page.get_by_test_id("sweep-best")).to_contain_text("trial 3 (job 903)")
     expect(select).to_have_value("model.hidden")  # the choice survives polling
 

@@ -1,6 +1,12 @@
-"""The /devices payload builder, fed numbers shaped like a real 8x H100 host and like this CPU-only machine."""
+"""The /devices payload builder, fed numbers shaped like a real 8x H100 host and like this CPU-only machine;
+which GPU a worker's device is (by UUID: mixed hosts, CUDA_VISIBLE_DEVICES's forms, MIG), and why a
+worker cannot use its device, from readings shaped like NVML's and torch's."""
 from pathlib import Path
 
+import pytest
+import torch
+
+from tests.conftest import tiny_job
 from trainyard.app import hardware as devices
 
 GiB = 2**30
@@ -119,3 +125,290 @@ def test_a_workers_reading_honours_its_cuda_visible_devices(monkeypatch):
     assert devices.host_reading("cpu")["device_uuid"] is None
     monkeypatch.setattr(devices, "nvml_devices", lambda: None)
     assert devices.host_reading("cpu") == {**devices.host_reading("cpu"), "gpus": [], "device_uuid": None}
+
+
+# ---- which GPU a worker's device is: by UUID, whatever the order and the CUDA_VISIBLE_DEVICES -----------
+
+A100 = {"name": "NVIDIA A100-SXM4-40GB", "compute_capability": "8.0", "memory_total": 42_949_672_960,
+        "memory_used": 0, "memory_free": 42_949_672_960, "utilization_gpu": 0}
+# A mixed host in NVML's (PCI bus) order: the A100 on bus 0x17, the H100 on 0xb3. CUDA's default order,
+# fastest first, numbers them the other way round; the worker's warm-up child read torch's UUIDs.
+MIXED = [{**A100, "nvml_index": 0, "uuid": "GPU-a1a1a1a1-0000-1111-2222-333333333333", "driver_version": "580.65.06"},
+         {**H100, "nvml_index": 1, "uuid": "GPU-b2b2b2b2-4444-5555-6666-777777777777", "driver_version": "580.65.06"}]
+TORCH_FASTEST_FIRST = ["b2b2b2b2-4444-5555-6666-777777777777", "a1a1a1a1-0000-1111-2222-333333333333"]
+
+
+def test_a_mixed_host_matches_torch_devices_to_nvml_by_uuid_not_index(monkeypatch, tmp_path):
+    monkeypatch.setattr(devices, "nvml_devices", lambda: MIXED)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    r = devices.host_reading("cuda:0", TORCH_FASTEST_FIRST)
+    assert r["device_uuid"] == MIXED[1]["uuid"]  # torch's cuda:0 is the H100, NVML's GPU 1
+    assert [(g["name"], g["index"]) for g in r["gpus"]] == [(A100["name"], 1), (H100["name"], 0)]
+    # Its slot is the H100's: its UUID, its memory (85.5 GB, not the A100's 42.9).
+    from trainyard.app.settings import Settings
+    from trainyard.worker.main import Worker
+    worker = Worker(Settings(data_dir=tmp_path), "cuda:0")
+    slot = worker._slot(r, {"cuda_devices": [{"uuid": u} for u in TORCH_FASTEST_FIRST]})
+    assert (slot.key, slot.budget) == (MIXED[1]["uuid"], H100["memory_total"])
+    seen = {"torch_version": "2.14.1", "cuda_version": "13.0", "cuda_available": True, "cuda_device_count": 2,
+            "cuda_devices": [{"uuid": u} for u in TORCH_FASTEST_FIRST]}
+    assert devices.device_problem("cuda:0", seen, r) is None
+
+
+def test_cuda_visible_devices_in_its_three_forms(monkeypatch, tmp_path):
+    nv = [{**H100, "nvml_index": i, "uuid": f"GPU-{c * 8}-0000-0000-0000-00000000000{i}", "mig_parent": None}
+          for i, c in enumerate("abcd")]
+    nv[3]["uuid"] = "GPU-aaab0000-0000-0000-0000-000000000003"  # shares the prefix GPU-aaa with GPU 0
+    assert devices.visible_indices(nv, "2,0") == [2, 0]
+    assert devices.visible_indices(nv, "1gpu,3") == [1, 3]  # each entry's leading number, as CUDA reads it
+    assert devices.visible_indices(nv, "2,0,2") == []  # a device named twice: none
+    assert devices.visible_indices(nv, f"{nv[2]['uuid']},{nv[1]['uuid']}") == [2, 1]
+    assert devices.visible_indices(nv, "GPU-ccc,GPU-aaab") == [2, 3]  # unique prefixes
+    assert devices.visible_indices(nv, "GPU-ccc,GPU-aaa,GPU-b") == [2]  # an ambiguous prefix stops the list
+    assert devices.visible_indices(nv, "GPU-dead") == []
+    mig = [nv[0], *({**A100, "nvml_index": 1, "uuid": f"MIG-{c * 8}-1111-2222-3333-444444444444",
+                     "mig_parent": "GPU-parent"} for c in "ef")]
+    assert devices.visible_indices(mig, "MIG-ffffffff-1111-2222-3333-444444444444") == [2]
+    assert devices.visible_indices(mig, "MIG-fff,MIG-eee") == [2, 1]
+    assert devices.visible_indices(mig, "MIG-fff,GPU-aaa") == [2]  # the first entry's form decides
+
+    # An `auto` worker given UUIDs is a GPU worker on the card it names (it used to be a CPU worker).
+    monkeypatch.setattr(devices, "nvml_devices", lambda: nv)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-ccc")
+    assert devices.visible_cuda_count() == 1
+    from trainyard.app.settings import Settings
+    from trainyard.worker.main import Worker
+    assert Worker(Settings(data_dir=tmp_path), "auto").device == "cuda:0"
+    r = devices.host_reading("cuda:0")  # before the warm-up's UUIDs: CUDA_VISIBLE_DEVICES parsed
+    assert r["device_uuid"] == nv[2]["uuid"] and [g["index"] for g in r["gpus"]] == [None, None, 0, None]
+
+
+# An A100 40GB in MIG mode with two 3g.20gb instances, as NVML reads it (card, then each instance's handle).
+MIG_CARD = {"nvml_index": 0, "name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-5c4c7d1e-1111-2222-3333-444444444444",
+            "compute_capability": "8.0", "memory_total": 42_949_672_960, "memory_used": 1_300_234_240,
+            "memory_free": 41_649_438_720, "utilization_gpu": None,
+            "mig": [{"mig_index": 0, "name": "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+                     "uuid": "MIG-0e6f2e6a-aaaa-5c5b-9d8e-111111111111", "memory_total": 20_937_965_568,
+                     "memory_used": 13_631_488, "memory_free": 20_924_334_080},
+                    {"mig_index": 1, "name": "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
+                     "uuid": "MIG-7f3a9b2c-bbbb-5d6e-8f90-222222222222", "memory_total": 20_937_965_568,
+                     "memory_used": 4_307_550_208, "memory_free": 16_630_415_360}]}
+
+
+def test_mig_instances_are_gpus_with_their_own_uuid_and_memory(monkeypatch):
+    import copy
+    nv = devices.gpu_entries(1, lambda i: copy.deepcopy(MIG_CARD), "570.86.15", "12.8")
+    assert [(g["uuid"], g["memory_total"], g["memory_used"], g["mig_parent"]) for g in nv] == [
+        (m["uuid"], m["memory_total"], m["memory_used"], MIG_CARD["uuid"]) for m in MIG_CARD["mig"]]
+    assert all(g["memory_total"] != MIG_CARD["memory_total"] for g in nv)  # never the parent card's numbers
+    assert nv[0]["compute_capability"] == "8.0" and nv[0]["name"].endswith("MIG 3g.20gb")
+    monkeypatch.setattr(devices, "nvml_devices", lambda: nv)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", MIG_CARD["mig"][1]["uuid"])
+    r = devices.host_reading("cuda:0", ["7f3a9b2c-bbbb-5d6e-8f90-222222222222"])  # torch's one device
+    assert r["device_uuid"] == MIG_CARD["mig"][1]["uuid"] and [g["index"] for g in r["gpus"]] == [None, 0]
+    p = devices.build_payload(nv, [], 0.0, BUILD, CPU, 15)
+    assert [g["memory_total"] for g in p["cuda_devices"]] == [20_937_965_568]  # the visible instance only
+    # A card in MIG mode without instances is listed, saying why CUDA cannot use it.
+    empty = devices.gpu_entries(1, lambda i: {**copy.deepcopy(MIG_CARD), "mig": []}, "570.86.15")
+    assert "no MIG instance" in empty[0]["problem"]
+
+
+def test_one_failing_gpu_query_marks_that_gpu_unreadable_not_the_whole_list():
+    def read(i):
+        if i == 1:
+            raise RuntimeError("GPU is lost")  # pynvml.NVMLError_GpuIsLost's text
+        return {"nvml_index": i, **H100, "uuid": f"GPU-{i}"}
+    nv = devices.gpu_entries(3, read, "580.65.06", "13.0")
+    assert [(g["uuid"], g["problem"]) for g in nv] == [("GPU-0", None), (None, "NVML could not read it: GPU is lost"),
+                                                       ("GPU-2", None)]
+    assert nv[0]["memory_total"] == H100["memory_total"] and nv[1]["memory_total"] is None
+    p = devices.build_payload(nv, [], 0.0, BUILD, CPU, 15)
+    assert [(g["index"], g["uuid"], g["problem"] is not None) for g in p["cuda_devices"]] == \
+        [(0, "GPU-0", False), (1, None, True), (2, "GPU-2", False)]
+
+
+def test_nvml_is_initialised_once_per_process(monkeypatch):
+    calls = []
+    real = devices._init_nvml
+
+    def counted():
+        calls.append(1)
+        return real()
+    monkeypatch.setattr(devices, "_init_nvml", counted)
+    monkeypatch.setitem(devices._nvml_state, "pid", None)  # as a fresh process
+    for _ in range(5):  # five heartbeats' or /devices requests' readings
+        devices.nvml_devices()
+        devices.host_reading("cpu")
+    assert len(calls) == 1  # here without a driver: the failure is remembered, not retried at every reading
+
+
+# ---- a worker that cannot use its device says why, and what to do -------------------------------------------
+
+CU130 = {"torch_version": "2.14.1+cu130", "cuda_version": "13.0", "cudnn_version": "9.24.0"}
+
+
+def test_a_worker_names_why_it_cannot_use_its_device():
+    gpus = [{**H100, "uuid": "GPU-b2b2b2b2-4444-5555-6666-777777777777", "index": None, "nvml_index": 0,
+             "mig_parent": None}]
+    host = {"gpus": gpus, "driver_version": "570.86.15", "cuda_driver_version": "12.8"}
+    old = devices.device_problem("cuda:0", {**CU130, "cuda_available": False, "cuda_error": (
+        "CUDA initialization: The NVIDIA driver on your system is too old (found version 12080).")}, host)
+    assert "driver 570.86.15 supports CUDA up to 12.8" in old and "built for CUDA 13.0" in old and "R580" in old
+    assert "TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128" in old and "found version 12080" in old
+
+    none = devices.device_problem("cuda:0", {**CU130, "cuda_available": False}, {"gpus": [], "driver_version": None})
+    assert "no NVIDIA driver" in none and "--gpus" in none and "--device cpu" in none
+    cpu_build = devices.device_problem("cuda:0", {**CU130, "cuda_version": None, "torch_version": "2.14.1+cpu"}, host)
+    assert "CPU-only build" in cpu_build
+    seen = {**CU130, "cuda_available": True, "cuda_device_count": 1,
+            "cuda_devices": [{"uuid": "b2b2b2b2-4444-5555-6666-777777777777"}]}
+    missing = devices.device_problem("cuda:3", seen, host, "1")
+    assert "cuda:3 does not exist: torch sees 1 CUDA device(s) under CUDA_VISIBLE_DEVICES='1' (cuda:0..cuda:0)" \
+        in missing
+    stranger = devices.device_problem("cuda:0", {**seen, "cuda_devices": [{"uuid": "0000"}]}, host)
+    assert "torch and NVML disagree" in stranger and gpus[0]["uuid"] in stranger
+    hidden = devices.device_problem("cuda:0", {**CU130, "cuda_available": False},
+                                    {**host, "cuda_driver_version": "13.0"}, "GPU-dead")
+    assert "CUDA_VISIBLE_DEVICES='GPU-dead' names none of this host's GPUs" in hidden
+    assert devices.device_problem("cuda:0", seen, host) is None and devices.device_problem("cpu", {}, {}) is None
+    assert "reported nothing" in devices.device_problem("cuda:0", {}, host)
+
+
+# ---- a multi-device job's ranks: each pinned by its GPU's UUID ---------------------------------------------
+
+def test_a_ranks_environment_pins_it_to_its_gpu_by_uuid():
+    from trainyard.worker import distributed
+    pinned = {"CUDA_VISIBLE_DEVICES": "GPU-b2b2b2b2"}
+    assert distributed.rank_environment("cuda:0", "GPU-b2b2b2b2") == (pinned, "cuda:0")
+    mig = {"CUDA_VISIBLE_DEVICES": "MIG-0e6f2e6a"}
+    assert distributed.rank_environment("cuda:3", "MIG-0e6f2e6a") == (mig, "cuda:0")
+    assert distributed.rank_environment("cpu", None) == ({}, "cpu")
+    assert distributed.rank_environment("cuda:1", None) == ({}, "cuda:1")  # no UUID known: as before
+
+
+def test_the_lent_devices_uuids_travel_with_the_job_to_its_ranks(tmp_path):
+    """Two workers each pinned to one GPU (both `cuda:0`, each under its own CUDA_VISIBLE_DEVICES): the
+    2-device job's plan carries each rank's GPU UUID, so rank 1 does not resolve cuda:0 under rank 0's."""
+    import os
+
+    from trainyard.app import placement, queue, schema
+    from trainyard.app import workers as registry
+    from trainyard.app.settings import Settings
+    from trainyard.app.spec import parse_spec
+    from trainyard.worker.main import Worker
+    settings = Settings(data_dir=tmp_path)
+    settings.ensure_dirs()
+    ws = [Worker(settings, "cuda:0") for _ in range(2)]
+    schema.prepare(ws[0].engine)
+    for w, uuid in zip(ws, ("GPU-a1a1a1a1", "GPU-b2b2b2b2")):
+        w.slot = placement.Slot(uuid, gang=2)
+        registry.register_worker(w.engine, w.id, settings.node, os.getpid(), w.device, {"slot": {"key": uuid}})
+    queue.enqueue(ws[0].engine, parse_spec({**tiny_job(), "device": "cuda", "devices": 2}))
+    job = queue.claim(ws[0].engine, ws[0].id, "cuda:0", 30, None, ws[0].slot)
+    plan = ws[0].plan(job)
+    assert plan.ranks == ("cuda:0", "cuda:0") and plan.rank_uuids == ("GPU-a1a1a1a1", "GPU-b2b2b2b2")
+    for w in ws:
+        w.engine.dispose()
+
+
+# ---- a device that fails under a running job: the host's trouble, retried elsewhere -------------------------
+
+def execute(tmp_path, device):
+    from trainyard.app.records import Job
+    from trainyard.app.states import JobState
+    from trainyard.worker import runner
+    from trainyard.worker.plan import JobPlan
+    blank = {name: None for name in Job.__dataclass_fields__}
+    job = Job(**{**blank, "id": 1, "kind": "train", "state": JobState.RUNNING, "spec": {**tiny_job(), "device": "auto"},
+                 "attempt": 1, "claim": 1, "errors": []})
+    events = []
+    runner.execute(JobPlan(job=job, device=device, data_dir=tmp_path, run_dir=tmp_path / "art",
+                           checkpoint_stem=tmp_path / "ck" / "run-1.pt"), events.append)
+    [final] = [e for e in events if e["type"] in ("done", "error", "preempted")]
+    return final
+
+
+@pytest.mark.parametrize("message", [
+    "CUDA error: uncorrectable ECC error encountered\nCUDA kernel errors might be asynchronously reported at some "
+    "other API call, so the stacktrace below might be incorrect.",
+    "CUDA error: CUDA-capable device(s) is/are busy or unavailable",
+    "CUDA error: unspecified launch failure; GPU has fallen off the bus",
+])
+def test_a_device_that_fails_under_a_job_is_an_infrastructure_failure(tmp_path, monkeypatch, message):
+    from trainyard.worker import train
+
+    def fails(spec, ctx):
+        raise RuntimeError(message)  # as torch raises them (torch.AcceleratorError is a RuntimeError)
+    monkeypatch.setattr(train, "train", fails)
+    error = execute(tmp_path, "cpu")["error"]
+    assert (error["class"], error["type"], error["rank"]) == ("infrastructure", "DeviceFailure", 0)
+    assert error["message"].startswith(f"device cpu failed: RuntimeError: {message.splitlines()[0]}")
+    # A device this worker does not have (no CUDA here; no 64th GPU on a GPU host): not the job's fault either.
+    error = execute(tmp_path, "cuda:63")["error"]
+    assert (error["class"], error["type"]) == ("infrastructure", "DeviceFailure") and "cuda:63" in error["message"]
+
+
+def test_the_job_is_still_the_jobs_own_failure_when_its_code_fails(tmp_path, monkeypatch):
+    from trainyard.worker import train
+
+    def fails(spec, ctx):
+        raise RuntimeError("CUDA error: device-side assert triggered")  # an index out of range in the job's code
+    monkeypatch.setattr(train, "train", fails)
+    assert execute(tmp_path, "cpu")["error"]["class"] == "job"
+
+
+# ---- on a GPU: the real thing -------------------------------------------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.cuda
+@cuda
+def test_the_warm_up_reads_torch_devices_that_nvml_lists_by_uuid():
+    """The worker's warm-up child, for real: its torch UUIDs are NVML's GPUs, and cuda:0 is usable."""
+    import multiprocessing as mp
+
+    from trainyard.worker import runner_entry
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=runner_entry.build_info, args=(child,))
+    p.start()
+    seen = parent.recv()
+    p.join()
+    nv = devices.nvml_devices()
+    assert seen["cuda_available"] and len(seen["cuda_devices"]) == seen["cuda_device_count"] >= 1
+    order = devices.torch_order(nv, [d["uuid"] for d in seen["cuda_devices"]])
+    assert None not in order, (seen, nv)
+    reading = devices.host_reading("cuda:0", [d["uuid"] for d in seen["cuda_devices"]])
+    assert devices.device_problem("cuda:0", seen, reading) is None
+    own = next(g for g in reading["gpus"] if g["uuid"] == reading["device_uuid"])
+    assert own["memory_total"] >= seen["cuda_devices"][0]["total_memory"] * 0.9  # a MIG instance's, if MIG
+
+
+@pytest.mark.cuda
+@cuda
+def test_nvml_on_a_gpu_host_is_initialised_once(monkeypatch):
+    calls = []
+    real = devices._init_nvml
+    monkeypatch.setattr(devices, "_init_nvml", lambda: calls.append(1) or real())
+    monkeypatch.setitem(devices._nvml_state, "pid", None)
+    readings = [devices.nvml_devices() for _ in range(5)]
+    assert len(calls) == 1 and all(readings)
+    assert all(g["uuid"] and g["memory_total"] and g["problem"] is None for g in readings[-1])
+
+
+@pytest.mark.cuda
+@cuda
+def test_a_rank_pinned_by_uuid_sees_that_gpu_as_cuda0(tmp_path):
+    """In a fresh process (CUDA untouched), as a forked rank is: pinned to the last GPU NVML lists, its
+    cuda:0 is that GPU."""
+    import subprocess
+    import sys
+    uuid = devices.nvml_devices()[-1]["uuid"]
+    code = ("import torch\nfrom trainyard.worker import distributed, torch_devices\n"
+            f"d = torch_devices.resolve(distributed.pin('cuda:5', {uuid!r}))\n"
+            "print(torch.cuda.device_count(), str(torch.cuda.get_device_properties(d).uuid))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    count, seen = out.stdout.split()
+    assert count == "1" and devices.bare_uuid(seen) == devices.bare_uuid(uuid)

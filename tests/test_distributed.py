@@ -175,3 +175,48 @@ def test_shard_splits_a_global_batch_so_the_mean_gradient_is_the_whole_batch_s()
     assert [p[1] for p in parts] == [3, 2, 2]
     empty = distributed.shard(torch.arange(1), distributed.World(1, 2))
     assert empty[1] == 0 and empty[2] == 0.0 and empty[0].tolist() == [0]
+
+
+def _job_counting_allreduces(plan: JobPlan, conn, counts) -> None:
+    """The job process, with a DDP comm hook on the model each rank trains that counts its gradient
+    all-reduces (one line per bucket reduced) in counts/rank-N, then reduces as DDP does."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    from trainyard.worker import train
+    real_build = train.build
+
+    def build(spec, ctx):
+        run = real_build(spec, ctx)
+        path = counts / f"rank-{ctx.world.rank}"
+
+        def hook(state, bucket):
+            with open(path, "a") as f:
+                f.write("1\n")
+            return default_hooks.allreduce_hook(state, bucket)
+        run.forward.register_comm_hook(None, hook)  # forward: the DDP model (not compiled here)
+        return run
+    train.build = build
+    runner.run(plan, conn)
+
+
+@pytest.mark.slow  # a job process and its second rank: ~8 s, more on a loaded machine
+def test_accumulation_all_reduces_once_per_optimizer_step(tmp_path):
+    # 120 samples, 10 per rank on 2 ranks: 6 batches an epoch, 3 per optimizer step: 2 steps, 4 in 2 epochs.
+    # Without no_sync() DDP all-reduced after every batch: 12. The model fits DDP's one bucket.
+    spec = {**tiny_job(epochs=2, batch_size=10, accumulate_steps=3), "devices": 2}
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_job_counting_allreduces, args=(plan_for(tmp_path, spec, ranks=("cpu", "cpu")),
+                                                               child, counts))
+    proc.start()
+    child.close()
+    events = []
+    while not events or events[-1]["type"] not in TERMINAL:
+        assert conn.poll(120), events
+        events.append(conn.recv())
+    proc.join(30)
+    assert events[-1]["type"] == "done", events[-1]
+    for rank in (0, 1):
+        assert len((counts / f"rank-{rank}").read_text().split()) == 4, rank

@@ -165,6 +165,36 @@ def test_compose_hosts_variant():
     assert any(r.startswith("boto3") for r in project["optional-dependencies"]["s3"])
 
 
+def size_bytes(size) -> int:
+    """A compose byte size such as 16gb, 512m or a number of bytes."""
+    m = re.fullmatch(r"(\d+)([kmg]?)b?", str(size).lower())
+    assert m, size
+    return int(m.group(1)) * 1024 ** " kmg".index(m.group(2) or " ")
+
+
+def test_gpu_workers_get_shared_memory_and_pinned_memory_for_nccl():
+    """NCCL between a multi-GPU job's ranks uses /dev/shm (Docker's default is 64 MB: the job fails)
+    and pins host memory: the worker gets GBs of shm and no memlock limit, in every variant."""
+    for files in ((COMPOSE,), (COMPOSE, COMPOSE_CPU), (COMPOSE, COMPOSE_HOSTS)):
+        c = load(files[0])
+        for f in files[1:]:
+            c = merge(c, load(f))
+        worker = c["services"]["worker"]
+        assert worker.get("ipc") == "host" or size_bytes(interpolate(worker["shm_size"])) >= 8 << 30, files
+        assert worker["ulimits"]["memlock"] in (-1, {"soft": -1, "hard": -1}), files
+
+
+def test_the_image_has_a_c_compiler_for_torch_compile():
+    # Triton builds its kernels' launchers with a C compiler, Inductor's CPU code is C++: python:3.11-slim has
+    # neither, and every compile job would fall back to eager.
+    _, stages = dockerfile()
+    runtime = stages[-1]
+    runs = [r for i, r in runtime if i == "RUN"]
+    assert any(re.search(r"apt-get install .*\b(build-essential|gcc g\+\+|g\+\+ gcc)\b", r) for r in runs), runs
+    user_at = max(n for n, (i, _) in enumerate(runtime) if i == "USER")
+    assert all(n < user_at for n, (i, r) in enumerate(runtime) if i == "RUN" and "apt-get" in r)  # as root
+
+
 def _compose_plugin() -> bool:
     try:
         return subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=30).returncode == 0
@@ -246,6 +276,7 @@ def test_dockerfile():
     assert env["TRAINYARD_DATA_DIR"] == "/data" and env["TRAINYARD_HOST"] == "0.0.0.0"
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert {"compute", "utility"} <= set(env["NVIDIA_DRIVER_CAPABILITIES"].split(","))
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # torch's cuda:N is NVML's (and nvidia-smi's) GPU N
 
     # Both scripts are copied to the directory the ENTRYPOINT and HEALTHCHECK name.
     copies = [r for i, r in runtime if i == "COPY" and "--from" not in r]
@@ -279,8 +310,26 @@ def test_dockerfile_dependency_list_is_the_pinned_one():
     reqs = out.split()
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert reqs == project["dependencies"] + project["optional-dependencies"]["postgres"] + \
-        project["optional-dependencies"]["s3"] + project["optional-dependencies"]["export"]
+        project["optional-dependencies"]["s3"] + project["optional-dependencies"]["export"] + \
+        project["optional-dependencies"]["gpu-check"]
+    assert any(r.startswith("pytest") for r in reqs) and not any(r.startswith("playwright") for r in reqs)
     assert any(re.fullmatch(r"torch==[\d.]+", r) for r in reqs), "torch is pinned exactly"
+
+
+def test_the_image_carries_what_gpu_check_runs():
+    """`docker run --gpus all IMAGE gpu-check`: the CUDA-marked tests, the benchmarks and pytest's settings
+    land where the command looks for them, beside the venv (its sys.prefix is /opt/venv)."""
+    from trainyard.app.cli import gpu_check
+    _, stages = dockerfile()
+    runtime = stages[-1]
+    env = " ".join(r for i, r in runtime if i == "ENV")
+    assert "VIRTUAL_ENV=/opt/venv" in env
+    share = f"/opt/venv/{gpu_check.SHARE.as_posix()}"
+    copies = {tuple(r.split()) for i, r in runtime if i == "COPY" and "--from" not in r}
+    assert {("tests", f"{share}/tests"), ("bench", f"{share}/bench"), ("pyproject.toml", f"{share}/")} <= copies
+    venv_copy = next(n for n, (i, r) in enumerate(runtime) if i == "COPY" and r.startswith("--from=builder"))
+    assert all(n > venv_copy for n, (i, r) in enumerate(runtime) if i == "COPY" and share in r), \
+        "after the venv: a changed test must not rebuild torch's layer"
 
 
 def test_dockerignore_lets_in_what_the_dockerfile_copies():

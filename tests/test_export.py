@@ -6,6 +6,7 @@ import io
 import json
 import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import onnxruntime
@@ -170,7 +171,19 @@ def test_what_cannot_be_exported_is_a_clear_error(live, models):
         detail = r.json()["detail"]
         assert f"exporting job {job_id} to onnx failed" in detail and "SafetensorError" in detail, detail
         assert c.get("/healthz").status_code == 200  # the server is fine
-    assert not [p.name for p in run_dir(live, job_id).iterdir() if p.name.startswith((".", "model.onnx", "model.pt2"))]
+        # Remembered beside the artifact: asked again, the same answer without another export process.
+        children = children_cpu_seconds(live.server.pid)
+        r = c.get(f"/jobs/{job_id}/artifact", params={"format": "onnx"})
+        assert r.status_code == 500 and r.json()["detail"] == detail
+        assert children_cpu_seconds(live.server.pid) == children
+    made = [p.name for p in run_dir(live, job_id).iterdir() if p.name.startswith((".", "model.onnx", "model.pt2"))]
+    assert made == ["model.onnx.failed"]
+
+
+def children_cpu_seconds(pid: int) -> int:
+    """The CPU time (clock ticks) of the children a process has waited for: its export subprocesses."""
+    fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[13]) + int(fields[14])
 
 
 def test_readme_export_section(live, models, tmp_path):

@@ -1,6 +1,9 @@
-"""Draining a worker over HTTP, with a real worker process: it finishes what it runs, claims nothing
-more, shows as draining, and takes jobs again once undrained."""
+"""The fleet with real worker processes: draining over HTTP (it finishes what it runs, claims nothing more,
+shows as draining, takes jobs again once undrained), hosts sharing one database, one device's memory
+shared by workers, and workers that cannot use their device (unavailable, saying why; their jobs wait
+or are retried elsewhere, never failed)."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -8,6 +11,12 @@ import time
 import pytest
 
 from tests.conftest import on_both_backends, slow_job, tiny_job
+from trainyard.app import queue, schema
+from trainyard.app import workers as registry
+from trainyard.app.db import make_engine
+from trainyard.app.settings import Settings
+from trainyard.app.spec import parse_spec
+from trainyard.worker.main import Worker, _mp_context
 
 pytestmark = pytest.mark.slow
 service_backend = on_both_backends()
@@ -103,3 +112,55 @@ def test_workers_share_one_device_budget_and_a_job_too_big_for_any_says_why(serv
     assert cli.returncode == 0 and "the most a live worker offers is 10.0 GB" in " ".join(cli.stdout.split())
     with service.client() as cl:
         cl.post(f"/jobs/{big['id']}/cancel")
+
+
+@pytest.mark.parametrize("service_backend", ["sqlite"])  # the database plays no part in it
+def test_a_worker_that_cannot_use_its_device_registers_unavailable_and_its_jobs_wait_saying_why(service):
+    """`trainyard worker --device cuda:0` on a host where CUDA does not work (this machine: a CUDA 13 torch,
+    no NVIDIA driver): the worker registers as unavailable with the cause and the fix, claims nothing, and a
+    queued `cuda` job stays queued saying why. Nothing fails."""
+    service.start_worker("cuda:0")
+    with service.client() as c:
+        [worker] = c.get("/workers").json()
+        why = worker["unavailable"]
+        assert worker["state"] == "unavailable" and worker["device"] == "cuda:0"
+        assert "no NVIDIA driver" in why and "--device cpu" in why, why  # the cause, and the fixes
+        job = service.submit({**tiny_job(), "device": "cuda"})
+        time.sleep(2)  # an idle worker polls every 20 ms: it would have claimed (and failed) it by now
+        got = c.get(f"/jobs/{job['id']}").json()
+        assert got["state"] == "queued" and got["attempt"] == 0 and not got["errors"]
+        assert got["waiting_for"] == (f"no live worker can use a device for cuda: worker {worker['id']} on "
+                                      f"{worker['host']} is unavailable: {why}")
+        devices = c.get("/devices").json()
+        [listed] = devices["other_workers"]
+        assert listed["id"] == worker["id"] and listed["unavailable"] == why and listed["state"] == "unavailable"
+        assert c.get("/jobs", params={"state": "failed"}).json()["count"] == 0
+    # Its warm-up child, forked as job processes are, saw CUDA's devices in PCI bus order (as NVML numbers them).
+    engine = make_engine(service.env["TRAINYARD_DATABASE_URL"] or Settings(data_dir=service.data_dir).db_url)
+    [row], _ = registry.list_workers(engine)
+    engine.dispose()
+    assert row["stats"]["build"]["cuda_device_order"] == "PCI_BUS_ID"
+
+
+def test_a_device_that_fails_under_a_job_retries_it_on_another_worker(tmp_path):
+    """A worker whose device fails under a running job (here: cuda:63, which no host has) fails the run
+    `infrastructure`, takes no more jobs (unavailable, saying why), and the job runs on another worker."""
+    settings = Settings(data_dir=tmp_path / "data", lease_s=5, heartbeat_s=0.5)
+    settings.ensure_dirs()
+    broken = Worker(settings, "cuda:63")
+    schema.prepare(broken.engine)
+    broken.ctx = _mp_context()
+    registry.register_worker(broken.engine, broken.id, settings.node, os.getpid(), broken.device, {})
+    job, _ = queue.enqueue(broken.engine, parse_spec({**tiny_job(), "device": "auto"}))
+    broken.run_job(queue.claim(broken.engine, broken.id, broken.device, settings.lease_s))
+    again = queue.get_job(broken.engine, job.id)
+    assert again.state == "queued" and [(e["class"], e["type"]) for e in again.errors] == [
+        ("infrastructure", "DeviceFailure")]
+    assert "cuda:63" in broken.unavailable and "restart the worker" in broken.unavailable
+    [row], _ = registry.list_workers(broken.engine)
+    assert row["state"] == "unavailable" and row["stats"]["unavailable"] == broken.unavailable
+    cpu = Worker(settings, "cpu", burst=True)
+    assert cpu.run() == 0 and cpu.jobs_done == 1
+    done = queue.get_job(broken.engine, job.id)
+    assert done.state == "succeeded" and done.worker_id == cpu.id and done.attempt == 2
+    broken.engine.dispose()

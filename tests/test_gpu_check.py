@@ -1,35 +1,116 @@
-"""`make gpu-check` on a host without CUDA: it says that it checked nothing, and why, and does not pass."""
+"""`trainyard gpu-check` (`make gpu-check`): one table and one exit status, whatever happens; the Python
+`make` builds with; and the benchmark clocks it reports, which stop only once the GPU has done the work."""
+import os
+import shutil
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from tests.service import ROOT
+from trainyard.app.cli import gpu_check
+
+TRAINYARD = Path(sys.executable).parent / "trainyard"  # the console script, as a GPU host runs it
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA host: `make gpu-check` runs the real checks")
-def test_gpu_check_without_cuda_skips_everything_and_says_why():
-    r = subprocess.run([sys.executable, "-m", "bench.gpu_check"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2, r.stderr
-    rows = [line for line in r.stdout.splitlines() if "| skipped |" in line]
-    assert len(rows) == 5 and all("no CUDA device here" in row for row in rows)
-    assert "| torch |" in r.stdout and "0 checks run, 5 skipped" in r.stdout
+def gpu_check_run(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([str(TRAINYARD), "gpu-check", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def rows(stdout: str) -> dict[str, tuple[str, str]]:
+    """The check table: name -> (result, figures or why)."""
+    out = {}
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[1] in ("passed", "FAILED", "skipped"):
+            out[cells[0]] = (cells[1], cells[2])
+    return out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA host: gpu-check runs the real checks")
+def test_without_cuda_it_exits_2_with_a_table_that_says_why():
+    r = gpu_check_run()
+    assert r.returncode == 2, r.stdout + r.stderr
+    table = rows(r.stdout)
+    assert table.pop("probe: torch and CUDA")[0] == "passed"
+    assert len(table) == len(gpu_check.CHECKS) == 5
+    assert all(status == "skipped" and "no CUDA device here" in why for status, why in table.values()), table
+    assert "| torch | " in r.stdout and "0 of 5 checks run" in r.stdout
+    assert "exit status 2: nothing could run" in r.stdout
 
 
 @pytest.mark.slow
-def test_the_service_check_runs_here_on_the_cpu():
-    """The check's own code path (a real service, a job per device, /devices, a predict job) on the CPU,
-    so that on its first GPU host only the device differs."""
-    from bench import gpu_check
-    ok, detail = gpu_check.service_job(["cpu"])
-    assert ok, detail
-    assert detail.startswith("cpu: acc ") and "predict ok" in detail
+def test_a_check_past_its_limit_fails_in_the_table_and_leaves_nothing_running(tmp_path):
+    """The service check (a real server, a worker, a training job) on the CPU, given 2 s: it is stopped with
+    everything it started, and the table says so; the command exits 1, not with a traceback."""
+    t0 = time.monotonic()
+    r = gpu_check_run("--device", "cpu", "--only", "service", "--timeout", "3", env={"TMPDIR": str(tmp_path)})
+    took = time.monotonic() - t0
+    assert r.returncode == 1, r.stdout + r.stderr
+    status, why = rows(r.stdout)["a training and a predict job on cpu (service)"]
+    assert status == "FAILED" and why.startswith("timed out after 3 s (its files: "), why
+    assert "Traceback" not in r.stderr and "exit status 1: a check failed" in r.stdout
+    assert took < 3 + gpu_check.GRACE_S + 60  # the probe, the limit, the grace: not the job's own time
+    kept = Path(why.removeprefix("timed out after 3 s (its files: ").removesuffix(")"))
+    assert kept.parent == tmp_path and list(kept.glob("service-*/data/server.out")), "its service's logs are kept"
+    left = []  # processes of that service (their environment names its data dir) still running
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(tmp_path).encode() in (proc / "environ").read_bytes():
+                left.append((proc / "cmdline").read_bytes().replace(b"\0", b" "))
+        except OSError:
+            pass
+    assert not left, left
 
 
 @pytest.mark.slow
-def test_the_two_device_check_runs_here_on_two_cpu_workers():
-    from bench import gpu_check
-    ok, detail = gpu_check.two_device_job(["cpu", "cpu"])
-    assert ok, detail
-    assert detail.startswith("2 ranks on cpu, cpu: ") and "1 device: " in detail
+def test_the_checks_run_here_on_the_cpu():
+    """The command's own path (a real service, a job and a predict job, a 2-device job on two workers, the
+    CUDA tests found and importable) with the CPU in place of each GPU: on a GPU host only the device differs."""
+    r = gpu_check_run("--device", "cpu", "--only", "cuda-tests,service,ddp")
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = rows(r.stdout)
+    status, why = table["CUDA-marked tests (pytest -m cuda)"]
+    assert status == "passed" and " collected" in why and not why.startswith("0/"), why
+    status, why = table["a training and a predict job on cpu (service)"]
+    assert status == "passed" and why.startswith("cpu: acc ") and "predict ok" in why, why
+    status, why = table["a 2-device job (DDP) vs the same job on one device"]
+    assert status == "passed" and why.startswith("2 ranks on cpu, cpu: ") and "1 device: " in why, why
+    assert table["throughput on cpu (bench.train_throughput --quick)"] == ("skipped", "not asked for (--only)")
+    assert "exit status 0" in r.stdout
+
+
+def test_make_builds_with_python_3_11_and_names_it_otherwise(tmp_path):
+    """PYTHON defaults to python3.11 where it is on PATH; another version stops `make` before a venv is made,
+    saying which version it needs and how to name one."""
+    plan = subprocess.run(["make", "-n", f"VENV={tmp_path / 'v'}", "gpu-check"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+    if shutil.which("python3.11"):
+        assert f"{shutil.which('python3.11')} -m venv {tmp_path / 'v'}" in plan
+    assert "pip install --quiet -e '.[gpu-check]'" in plan and "trainyard gpu-check" in plan
+    assert "chromium" not in plan and "apt-get" not in plan  # no browser, no root
+    old = tmp_path / "python3.10"
+    old.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo Python 3.10.12 && exit 0\nexit 1\n")
+    old.chmod(0o755)
+    r = subprocess.run(["make", f"VENV={tmp_path / 'v'}", f"PYTHON={old}", "gpu-check"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert f"trainyard needs Python 3.11; {old} is: Python 3.10.12" in r.stderr
+    assert "uv python find 3.11" in r.stderr and not (tmp_path / "v").exists()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_loops_clock_waits_for_the_gpu():
+    """bench.loops times each epoch with now(): on CUDA it reads the clock only once the queued kernels
+    have run. A kernel that spins ~0.1 s returns to Python in microseconds."""
+    from bench import loops
+    device = torch.device("cuda:0")
+    torch.cuda._sleep(1000)  # a context, and the sleep kernel loaded, before the clock starts
+    start = loops.now(device)
+    torch.cuda._sleep(int(2e8))  # ~0.1 s at 2 GHz
+    assert loops.now(device) - start > 0.05

@@ -69,3 +69,51 @@ def test_a_job_on_more_devices_than_any_host_has_says_the_most_there_is(engine):
         "needs 2 devices of one host; the most live, undrained workers of one kind on one host is 1 (cpu-box)"
     half_drained = [{**w, "draining": w["device"] in ("cuda:0", "cuda:1")} for w in FLEET]
     assert "is 6 (h100-box)" in placement.why_waiting(job(engine, devices=8), half_drained)
+
+
+def test_each_job_on_a_gpu_is_counted_with_headroom_for_its_cuda_context(engine):
+    """Two jobs stating 40 GB each on an 80 GB card would fill it to the byte, but each process's CUDA
+    context (0.5-1 GB, outside its allocator cap) comes on top: the second waits."""
+    gpu = placement.Slot("GPU-aaaa", budget=80 * 10**9, headroom=1 << 30)
+    first = job(engine, resources={"gpu_memory_gb": 40})
+    second = job(engine, resources={"gpu_memory_gb": 40})
+    small = job(engine, resources={"gpu_memory_gb": 30})
+    got = queue.claim(engine, "w1", "cuda:0", 10, None, gpu)
+    assert got.id == first.id
+    assert queue.claim(engine, "w2", "cuda:0", 10, None, gpu) is None  # 40 + 1 GiB + 40 + 1 GiB > 80
+    assert queue.succeed(engine, got.id, got.claim, {}, None)
+    assert queue.claim(engine, "w2", "cuda:0", 10, None, gpu).id == second.id
+    assert queue.claim(engine, "w3", "cuda:0", 10, None, gpu).id == small.id  # 41.07 + 31.07 GB fit in 80
+    # A job stating all the card offers never fits beside its own context: it says why.
+    whole = job(engine, resources={"gpu_memory_gb": 85})
+    fleet = [{**w, "stats": {**w["stats"], "slot": {**w["stats"]["slot"], "headroom": 1 << 30}}} for w in FLEET]
+    assert placement.why_waiting(whole, fleet) == (
+        "needs 85.0 GB of GPU memory; the most a live worker offers is 84.4 GB, after 1.1 GB of headroom for its "
+        "CUDA context (h100-box cuda:0)")
+    assert placement.why_waiting(whole, FLEET) is None  # a worker without headroom: 85.5 GB
+
+
+def test_gpu_workers_claim_with_the_configured_headroom(tmp_path):
+    from trainyard.app.settings import Settings
+    from trainyard.worker.main import Worker
+    reading = {"device_uuid": "GPU-aaaa", "gpus": [{"uuid": "GPU-aaaa", "memory_total": H100}]}
+    for headroom in (1 << 30, 0):
+        w = Worker(Settings(data_dir=tmp_path, gpu_context_headroom_bytes=headroom), device="cpu")
+        w.device = "cuda:0"  # as a worker started on a GPU host's first card
+        assert w._slot(reading) == placement.Slot("GPU-aaaa", H100, headroom=headroom)
+        w.device = "cpu"
+        assert w._slot(reading).headroom == 0
+        w.engine.dispose()
+    assert Settings(data_dir=tmp_path).gpu_context_headroom_bytes == 1 << 30
+
+
+def test_a_job_only_unavailable_workers_serve_waits_with_their_reason(engine):
+    why = "cuda:0: CUDA is not available: no NVIDIA driver is visible to this process"
+    broken = {**worker("old-box", "cuda:0"), "state": "unavailable", "stats": {"unavailable": why}}
+    cpu_only = [worker("cpu-box", "cpu"), broken]
+    assert placement.why_waiting(job(engine, device="cuda"), cpu_only) == \
+        f"no live worker can use a device for cuda: worker old-box-cuda:0 on old-box is unavailable: {why}"
+    assert placement.why_waiting(job(engine), cpu_only) is None  # `auto`: the CPU worker takes it
+    assert placement.why_waiting(job(engine, device="cuda"), [broken, {**broken, "id": "b2"}]).endswith(
+        f"is unavailable (and 1 more unavailable): {why}")
+    assert placement.why_waiting(job(engine, device="cuda"), [*FLEET, broken]) is None  # a usable GPU worker too

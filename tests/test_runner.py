@@ -77,3 +77,30 @@ def test_worker_device_flag_is_validated(tmp_path):
     for bad in ("tpu:0", "cuda:", "gpu", ""):
         with pytest.raises(SystemExit, match="--device"):
             main(settings, bad)
+
+
+def test_the_job_s_device_is_made_current_first_and_cublas_is_set_before_cuda(tmp_path, monkeypatch):
+    """Every job process makes its device the current one (torch_devices.use_device) before anything runs
+    on it, so a CUDA job's bf16 check, a run job's .cuda() and its context land on its own card, not GPU 0;
+    a deterministic job has CUBLAS_WORKSPACE_CONFIG set by then, before CUDA is initialised."""
+    import os
+
+    from trainyard.worker import entrypoints, torch_devices
+    calls = []
+    real_use = torch_devices.use_device
+
+    def use_device(device):
+        calls.append(("use_device", device, os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
+        real_use(device)
+    monkeypatch.setattr(torch_devices, "use_device", use_device)
+    monkeypatch.setattr(train, "train", lambda spec, ctx: calls.append(("train", ctx.device)) or {})
+    monkeypatch.setattr(entrypoints, "run", lambda spec, ctx, attempt: calls.append(("run", ctx.device)) or {})
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")
+    run_job(tmp_path)
+    assert calls == [("use_device", torch.device("cpu"), ""), ("train", torch.device("cpu"))]
+    calls.clear()
+    run_job(tmp_path, {"kind": "run", "entrypoint": "cifar_loop", "device": "cpu"})
+    assert [c[:2] for c in calls] == [("use_device", torch.device("cpu")), ("run", torch.device("cpu"))]
+    calls.clear()
+    run_job(tmp_path, tiny_job(deterministic=True))
+    assert calls[0] == ("use_device", torch.device("cpu"), ":4096:8")

@@ -1,11 +1,14 @@
 """The sweep spec and the search's driver on SQLite and the real PostgreSQL server: trials are made,
 told, pruned and carried on by a new process, with the queue playing the worker's part (the HTTP
 and real-worker side is tests/test_sweeps.py)."""
+import json
 import math
 import statistics
 
+import optuna
 import pytest
-from sqlalchemy import func, select
+from optuna.storages import JournalStorage
+from sqlalchemy import event, func, select
 
 from tests.conftest import tiny_job
 from trainyard.app import queue, search, sweeps
@@ -121,7 +124,7 @@ def test_trials_are_jobs_made_up_to_max_concurrent_and_told_how_they_ended(engin
         s.pass_once()
     got = sweeps.get(engine, row["id"])
     assert got["state"] == "succeeded" and got["trial_count"] == 4
-    study = s.studies.get(row["id"]) or search.Searcher(engine, settings).study(row["id"], sweep_spec())
+    study = search.Searcher(engine, settings).load(row["id"]).study
     assert [t.value for t in study.get_trials()] == [0.5, 0.7, 0.7, 0.7]
     assert sweeps.best_trial(got["spec"], trial_jobs(engine, row["id"])).sweep["trial"] == 0
 
@@ -138,7 +141,7 @@ def test_a_new_process_carries_the_sweep_on_from_the_journal(engine, settings):
     again.pass_once()
     made = trial_jobs(engine, row["id"])
     assert [j.sweep["trial"] for j in made] == [0, 1, 2]
-    assert [t.value for t in again.studies[row["id"]].get_trials()][:2] == [0.8, 0.6]
+    assert [t.value for t in again.sweeps[row["id"]].study.get_trials()][:2] == [0.8, 0.6]
     # A trial asked for whose job was never inserted (the process died in between) gets its job.
     with engine.begin() as conn:
         conn.execute(jobs.delete().where(jobs.c.id == made[-1].id))
@@ -281,3 +284,109 @@ def test_a_trial_the_fleet_refuses_now_waits_and_a_cancelled_trial_is_no_failure
     s.pass_once()
     assert sweeps.get(engine, row["id"])["state"] == "running"
     assert len(trial_jobs(engine, row["id"])) == 3
+
+
+# ---- bounds and isolation ------------------------------------------------------------------------
+
+def journal_bytes(engine, sweep_id) -> int:
+    with engine.connect() as conn:
+        return sum(len(json.dumps(e)) for e in conn.execute(
+            select(sweep_log.c.entry).where(sweep_log.c.sweep_id == sweep_id)).scalars())
+
+
+def test_choices_are_journaled_as_indices_however_large_their_values(engine, settings):
+    # 1,000 values of ~100 bytes: a trial's journal entries held them all (100 KB a trial) before.
+    hidden = [[i + 1] + [64] * 15 for i in range(1000)]
+    spec = sweep_spec(max_trials=20, max_concurrent=8, parameters={"model.hidden": {"type": "choice", "values": hidden}})
+    row = sweeps.create(engine, settings, spec)
+    s = search.Searcher(engine, settings)
+    s.pass_once()
+    made = trial_jobs(engine, row["id"])
+    assert len(made) == 8 and all(j.sweep["params"]["model.hidden"] in hidden for j in made)
+    assert [queue.get_job(engine, j.id).spec["model"]["hidden"] for j in made] == [j.sweep["params"]["model.hidden"]
+                                                                                   for j in made]
+    assert journal_bytes(engine, row["id"]) / 8 < 8_000
+    # The draws are the same as over the values themselves (Optuna draws a categorical's index either way).
+    assert len({str(j.sweep["params"]["model.hidden"]) for j in made}) == 8
+
+
+def test_a_sweep_whose_journal_holds_the_values_carries_on(engine, settings):
+    """A study made by the release before (choices journaled as JSON strings) goes on as it was made."""
+    spec = sweep_spec(max_trials=3, max_concurrent=1, parameters={
+        "model.hidden": {"type": "choice", "values": [[8], [16, 16]]}, "train.lr": {"type": "float", "low": 0.001,
+                                                                                 "high": 0.1}})
+    row = sweeps.create(engine, settings, spec)
+    driver = search.Searcher(engine, settings).driver
+    assert sweeps.take(engine, row["id"], driver, 30)
+    old = optuna.create_study(study_name=search.STUDY, storage=JournalStorage(search.Journal(engine, row["id"], driver)))
+    first = old.ask(search.distributions(spec, index=False)[0])  # its process stopped before inserting the job
+    assert isinstance(first.params["model.hidden"], str)
+    s = search.Searcher(engine, settings)
+    s.pass_once()
+    made = trial_jobs(engine, row["id"])
+    assert made[0].sweep["params"] == {"model.hidden": json.loads(first.params["model.hidden"]),
+                                       "train.lr": first.params["train.lr"]}
+    while sweeps.get(engine, row["id"])["state"] == "running":
+        run_trial(engine, [0.5])
+        s.pass_once()
+    found = trial_jobs(engine, row["id"])
+    assert len(found) == 3 and all(j.sweep["params"]["model.hidden"] in ([8], [16, 16]) for j in found)
+    assert sweeps.get(engine, row["id"])["state"] == "succeeded"
+
+
+def test_a_sweep_whose_search_fails_ends_failed_and_the_others_go_on(engine, settings):
+    bad = sweep_spec().model_dump(mode="json")
+    # Stored by a release that took it: every pass of the one before failed, for every sweep after it.
+    bad["parameters"] = {"train.lr": {"type": "float", "low": 1e-300, "high": 1.7e308, "step": 1e-300, "log": False}}
+    with engine.begin() as conn:
+        conn.execute(sweeps.sweeps.insert().values(state="running", spec=bad, created_at=0, trial_count=0))
+    good = sweeps.create(engine, settings, sweep_spec())
+    # A trial whose values were half drawn when its process stopped is drawn in full before it runs.
+    half = sweeps.create(engine, settings, sweep_spec(parameters={
+        "train.lr": {"type": "float", "low": 0.001, "high": 0.1}, "model.hidden": {"type": "choice", "values": [[8], [9]]}}))
+    s = search.Searcher(engine, settings)
+    assert sweeps.take(engine, half["id"], s.driver, 30)
+    study = optuna.create_study(study_name=search.STUDY,
+                                storage=JournalStorage(search.Journal(engine, half["id"], s.driver)))
+    study.set_user_attr(search.ENCODING, search.INDEX)
+    study.ask().suggest_float("train.lr", 0.001, 0.1)
+    s.pass_once()
+    broken = sweeps.get(engine, good["id"] - 1)
+    assert broken["state"] == "failed" and "the search failed" in broken["error"] and "train.lr" in broken["error"]
+    assert len(trial_jobs(engine, good["id"])) == 2
+    halves = trial_jobs(engine, half["id"])
+    assert len(halves) == 2 and all(set(j.sweep["params"]) == {"train.lr", "model.hidden"} for j in halves)
+
+
+def test_a_clients_idempotency_key_cannot_take_a_trials_place(engine, settings):
+    squatter, _ = queue.enqueue(engine, SweepSpec.model_validate(
+        {"job": tiny_job(), "parameters": {"train.lr": {"type": "choice", "values": [0.1]}}}).job, "sweep-1-trial-0")
+    row = sweeps.create(engine, settings, sweep_spec())
+    s = search.Searcher(engine, settings)
+    s.pass_once()
+    made = trial_jobs(engine, row["id"])
+    assert [j.sweep["trial"] for j in made] == [0, 1] and squatter.id not in [j.id for j in made]
+    assert queue.get_job(engine, squatter.id).sweep is None
+
+
+def test_a_pass_over_idle_sweeps_reads_only_what_changed(engine, settings):
+    ids = [sweeps.create(engine, settings, sweep_spec(max_concurrent=1))["id"] for _ in range(30)]
+    s = search.Searcher(engine, settings)
+    s.pass_once()
+    s.pass_once()  # sees the trials its last pass made
+    statements = []
+
+    def seen(conn, cursor, statement, *rest):
+        if statement.split()[0] in ("SELECT", "INSERT", "UPDATE", "DELETE"):  # not BEGIN, SET, ...
+            statements.append(statement)
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        s.pass_once()
+        assert len(statements) == 1, statements  # which sweeps run, and whether their trials moved: one query
+        run_trial(engine, [0.5])  # one trial ends: its sweep alone is advanced
+        statements.clear()
+        s.pass_once()
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert sum(len(trial_jobs(engine, i)) for i in ids) == 31
+    assert len(statements) < 30, len(statements)  # the 30 sweeps were each read at least once before

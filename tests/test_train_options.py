@@ -203,11 +203,26 @@ def test_a_run_with_every_option_resumes_exactly(tmp_path, stop_after):
     ({"early_stopping": {"patiense": 2}}, "early_stopping.patiense"),
     ({"keep": "first"}, "keep"),
     ({"checkpoint_every_s": -1}, "checkpoint_every_s"),
+    ({"deterministic": True, "cudnn_benchmark": True}, "cudnn_benchmark"),
 ])
 def test_bad_options_name_their_field(train_params, field):
     with pytest.raises(ValidationError) as e:
         parse_spec({"kind": "train", "model": {"arch": "mlp"}, "data": {"dataset": "iris"}, "train": train_params})
     assert any(".".join(map(str, err["loc"])).endswith("train." + field) for err in e.value.errors()), e.value
+
+
+def test_deterministic_turns_on_deterministic_algorithms_and_says_so(tmp_path):
+    # cuDNN's autotuner (on by default) is off in a deterministic job without being asked; both asked: 422 above.
+    spec = job(deterministic=True, epochs=1)
+    assert spec.train.cudnn_benchmark is False and job().train.cudnn_benchmark is True
+    try:
+        result = train.train(spec, make_ctx(tmp_path, []))
+        assert torch.are_deterministic_algorithms_enabled()  # process-wide: the job process's own
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert result["applied"]["deterministic"] == "on"
+    assert train.train(job(epochs=1), make_ctx(tmp_path, [], "plain"))["applied"]["deterministic"] == "off"
+    assert not torch.are_deterministic_algorithms_enabled()
 
 
 def test_stored_spec_keeps_only_the_fields_that_apply():

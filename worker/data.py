@@ -138,7 +138,7 @@ def _placement(raw: _Raw, device: torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cpu")
     nbytes = raw.x.numel() * 4 + raw.y.numel() * 8  # as float32 / int64
-    return device if torch_devices.fits_on_device(nbytes, device) else torch.device("cpu")
+    return device if torch_devices.data_fits_device(nbytes, device) else torch.device("cpu")
 
 
 def _take(dataset: str, raw: _Raw, idx: np.ndarray, device: torch.device) -> tuple[Tensor, Tensor]:

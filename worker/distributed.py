@@ -106,6 +106,23 @@ def fork_ranks(size: int, emit: Callable[[dict], None]) -> tuple[World, Callable
     return World(0, size), watch.emit
 
 
+def rank_environment(device: str, uuid: str | None) -> tuple[dict[str, str], str]:
+    """What a rank sets in its environment before anything touches CUDA, and the device it then uses: a
+    GPU rank sees only its own GPU (CUDA_VISIBLE_DEVICES=<its UUID>) and uses it as cuda:0. By UUID
+    because a lent worker's `cuda:N` is numbered under its own CUDA_VISIBLE_DEVICES, not rank 0's:
+    workers pinned one GPU each are all cuda:0. A CPU rank, or a GPU known by no UUID, changes nothing."""
+    if device.startswith("cuda") and uuid:
+        return {"CUDA_VISIBLE_DEVICES": uuid}, "cuda:0"
+    return {}, device
+
+
+def pin(device: str, uuid: str | None) -> str:
+    """rank_environment() applied to this process; returns the device to use."""
+    env, device = rank_environment(device, uuid)
+    os.environ.update(env)
+    return device
+
+
 def _rank_emit(fd: int) -> Callable[[dict], None]:
     def emit(event: dict) -> None:
         if event.get("type") == "error":

@@ -31,5 +31,5 @@ def run(spec: RunJob, job: JobContext, attempt: int) -> dict[str, Any]:
         raise JobError(f"entrypoint {spec.entrypoint!r} returned what is not JSON: {e}") from None
     if len(text) > MAX_RESULT_BYTES:
         raise JobError(f"entrypoint {spec.entrypoint!r} returned {len(text):,} bytes of JSON; a result holds at most "
-                       f"{MAX_RESULT_BYTES // 1024} KiB (save larger outputs with ctx.save_model or into data_dir)")
+                       f"{MAX_RESULT_BYTES // 1024} KiB (save larger outputs with ctx.save_model)")
     return result

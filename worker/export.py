@@ -9,12 +9,13 @@ written atomically. The API (app/exports.py) runs this module in a subprocess on
     python -m trainyard.worker.export ARTIFACT_DIR FORMAT OUT
 
 so that the server itself never imports torch; it exits with NOT_REBUILDABLE when the artifact has
-weights but no recipe for the model (a run job's save_model without arch), 1 on any other failure,
-the reason on stderr's last line.
+weights but no recipe for the model (a run job's save_model without arch), MISSING_EXTRA without the
+`export` extra, 1 on any other failure, the reason on stderr's last line.
 """
 import argparse
 import json
 import math
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainyard.app.exports import NOT_REBUILDABLE
+from trainyard.app.exports import MISSING_EXTRA, NOT_REBUILDABLE, why_not_rebuildable
 from trainyard.app.layout import EXPORT_FILES
 from trainyard.app.spec import TrainJob
 from trainyard.worker import artifacts, data, infer
@@ -55,10 +56,9 @@ class RawInputs(nn.Module):
 def export(artifact_dir: Path, fmt: str, out: Path) -> None:
     """Write artifact_dir's model, wrapped in RawInputs, to out in fmt (a key of EXPORT_FILES)."""
     meta = artifacts.read_meta(artifact_dir)
-    if "model" not in meta and "spec" not in meta:
-        raise NotRebuildable("the job saved its weights without the model's arch, input_shape and class_names "
-                             "(ctx.save_model(model, arch=..., input_shape=..., class_names=...)), so trainyard "
-                             "cannot rebuild the model to export it")
+    reason = why_not_rebuildable(meta)  # the API checks this first; a direct run of this module gets it too
+    if reason:
+        raise NotRebuildable(reason)
     model, meta = artifacts.load_model(artifact_dir, torch.device("cpu"))
     train_spec = TrainJob.model_validate(meta["spec"]) if "spec" in meta else None
     dataset, pixels = infer.raw_scaling(meta, train_spec)
@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("format", choices=sorted(EXPORT_FILES))
     parser.add_argument("out", type=Path)
     args = parser.parse_args(argv)
+    # The API stops an export nobody waits for with SIGTERM: as SystemExit, the temp file goes with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         export(args.artifact_dir, args.format, args.out)
     except NotRebuildable as e:
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as e:
         print(f"exporting to {args.format} needs the `export` extra (pip install 'trainyard[export]'): {e}",
               file=sys.stderr)
-        return 1
+        return MISSING_EXTRA
     except Exception as e:  # the reason on one line, for the API's response
         reason = " ".join(str(e).split())[:1000]
         print(f"{type(e).__name__}: {reason}", file=sys.stderr)

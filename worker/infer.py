@@ -24,23 +24,36 @@ MAX_CONFUSION_CLASSES = 1000
 
 @torch.no_grad()
 def logits_in_batches(model: nn.Module, x: Tensor, batch_size: int, device: torch.device,
-                      autocast: Callable[[], ContextManager] = nullcontext) -> Tensor:
-    """model(x) in batches, as float32 on device; the caller puts the model in eval mode."""
-    out = []
-    for start in range(0, len(x), batch_size):
+                      autocast: Callable[[], ContextManager] = nullcontext, min_batch: int | None = None) -> Tensor:
+    """model(x) in batches, as float32 on device; the caller puts the model in eval mode.
+
+    min_batch: on an out-of-memory error (a GPU job's budget) the batch halves, down to min_batch,
+    and the failed batch is tried again; the error is raised at min_batch (default: batch_size)."""
+    floor = min(batch_size, min_batch or batch_size)
+    out, start = [], 0
+    while start < len(x):
         xb = x[start:start + batch_size].to(device, non_blocking=True)
-        with autocast():
-            out.append(model(xb).float())
+        try:
+            with autocast():
+                out.append(model(xb).float())
+        except torch.OutOfMemoryError:
+            if batch_size <= floor:
+                raise
+            batch_size = max(floor, batch_size // 2)
+            continue
+        start += len(xb)
     return torch.cat(out)
 
 
 def evaluate(model: nn.Module, x: Tensor, y: Tensor, batch_size: int, device: torch.device,
-             autocast: Callable[[], ContextManager] = nullcontext) -> tuple[float, float, Tensor]:
-    """(mean cross-entropy, accuracy, predicted classes) of model on (x, y), in eval mode."""
+             autocast: Callable[[], ContextManager] = nullcontext,
+             min_batch: int | None = None) -> tuple[float, float, Tensor]:
+    """(mean cross-entropy, accuracy, predicted classes) of model on (x, y), in eval mode; batches as
+    logits_in_batches() takes them."""
     was_training = model.training
     model.eval()
     try:
-        logits = logits_in_batches(model, x, batch_size, device, autocast)
+        logits = logits_in_batches(model, x, batch_size, device, autocast, min_batch)
     finally:
         model.train(was_training)
     y = y.to(device)

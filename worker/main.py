@@ -4,13 +4,16 @@ One worker serves one device. It never imports torch and never initialises CUDA:
 processes forked from a fork server that preloads torch (worker/runner.py), each supervised by
 worker/supervise.py. Signal handlers only set flags; the loop does the work.
 """
+import fcntl
 import logging
 import multiprocessing as mp
 import os
 import secrets
+import shutil
 import signal
 import time
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
@@ -56,6 +59,8 @@ class Worker:
         self.plugins: dict[str, list[str]] = {}
         self.slot = placement.Slot(self.id)  # run() finds the device's own
         self.stats: dict[str, Any] = {}
+        self.unavailable: str | None = None  # why this worker cannot use its device: it then claims nothing
+        self.torch_uuids: list[str | None] | None = None  # torch's CUDA devices in its order (the warm-up reads them)
         self._next_beat = 0.0
         self._marked_stopping = False
         self._last_look = 0.0
@@ -87,16 +92,28 @@ class Worker:
         schema.prepare(self.engine)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        _pci_bus_order()
         self.ctx = _mp_context()
         offered = plugins.offered(self.settings.plugins)
         self.plugins = plugins.names(offered)  # what a job may need of this worker (the claim reads it)
-        reading = hardware.host_reading(self.device)
-        self.slot = self._slot(reading)
-        self.stats = {"build": self._warm_up(), "host": reading, "slot": asdict(self.slot),
+        build = self._warm_up()
+        # torch's devices by UUID (without CUDA: None, and CUDA_VISIBLE_DEVICES numbers NVML's GPUs)
+        self.torch_uuids = [d.get("uuid") for d in build.get("cuda_devices") or []] \
+            if build.get("cuda_available") else None
+        reading = hardware.host_reading(self.device, self.torch_uuids)
+        # Checked here, from what the warm-up child saw (the supervisor never touches CUDA): a worker that
+        # cannot use its device registers as unavailable, with why, rather than fail every job it claims.
+        self.unavailable = hardware.device_problem(self.device, build, reading, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        self.slot = self._slot(reading, build)
+        self.stats = {"build": build, "host": reading, "slot": asdict(self.slot), "unavailable": self.unavailable,
                       "plugins": self.plugins, "plugin_details": plugins.describe(offered)}
-        self.db(registry.register_worker, self.id, self.settings.node, os.getpid(), self.device, self.stats)
+        self.db(registry.register_worker, self.id, self.settings.node, os.getpid(), self.device, self.stats,
+                registry.UNAVAILABLE if self.unavailable else "idle")
         self.listener = wakeup.Listener(self.engine, self.id)
-        log.info("worker %s on %s ready (files: %s)", self.id, self.device, self.settings.store.describe())
+        if self.unavailable:
+            log.error("worker %s is unavailable, it takes no job: %s", self.id, self.unavailable)
+        else:
+            log.info("worker %s on %s ready (files: %s)", self.id, self.device, self.settings.store.describe())
         try:
             while not self.stopping and not self._done():
                 job = self._next_job()
@@ -117,7 +134,7 @@ class Worker:
             self.db(registry.worker_heartbeat, self.id, "stopped", None)
             self.engine.dispose()
             log.info("worker %s stopped after %d jobs", self.id, self.jobs_done)
-        return 0
+        return 1 if self.unavailable and self.burst else 0
 
     def _done(self) -> bool:
         return self.max_jobs is not None and self.jobs_done >= self.max_jobs
@@ -126,6 +143,8 @@ class Worker:
         self._last_look = time.monotonic()
         try:
             self.housekeeping(state="idle", job_id=None)
+            if self.unavailable:
+                return None
             if self.db(queue.has_work, self.device, self.plugins, self.id, self.slot, self.settings.lease_s):
                 return self.db(queue.claim, self.id, self.device, self.settings.lease_s, self.plugins, self.slot)
         except OperationalError:
@@ -133,14 +152,20 @@ class Worker:
             time.sleep(2.0)
         return None
 
-    def _slot(self, reading: dict) -> placement.Slot:
+    def _slot(self, reading: dict, build: dict | None = None) -> placement.Slot:
         """The device this worker claims for: a GPU by its UUID (workers on one GPU share it and its
         memory), the host's CPU when TRAINYARD_DEVICE_MEMORY_GB offers it memory, else its own."""
         budget = int(self.settings.device_memory_gb * 1e9) if self.settings.device_memory_gb else None
         if self.device.startswith("cuda"):
             own = next((g for g in reading["gpus"] if g["uuid"] == reading["device_uuid"]), None)
-            key = own["uuid"] if own else f"{self.settings.node}/{self.device}"
-            return placement.Slot(key, budget or (own["memory_total"] if own else None))
+            # The GPU's UUID (NVML's, else torch's): a multi-device job pins its ranks by it.
+            key = reading["device_uuid"] or f"{self.settings.node}/{self.device}"
+            n = device_names.cuda_index(self.device)
+            seen = (build or {}).get("cuda_devices") or []
+            total = own["memory_total"] if own and own.get("memory_total") else \
+                seen[n].get("total_memory") if n < len(seen) else None
+            return placement.Slot(key, budget or total,
+                                  headroom=self.settings.gpu_context_headroom_bytes)
         return placement.Slot(f"{self.settings.node}/cpu" if budget else self.id, budget)
 
     def _warm_up(self) -> dict:
@@ -150,7 +175,12 @@ class Worker:
         p = self.ctx.Process(target=runner_entry.build_info, args=(child,))
         p.start()
         child.close()
-        info = parent.recv() if parent.poll(300) else {}
+        try:
+            info = parent.recv() if parent.poll(300) else {}
+        except EOFError:  # it died before answering (device_problem says so)
+            info = {}
+        if not info and p.is_alive():  # a CUDA initialisation that hangs must not hang the worker
+            p.kill()
         p.join()
         parent.close()
         return info
@@ -167,9 +197,12 @@ class Worker:
         here = self._live_workers_here()
         self.slot = replace(self.slot, gang=len([w for w in here["all"] if not w.get("draining")
                                                  and (w["device"] == "cpu") == (self.device == "cpu")]) or 1)
-        self.stats = {**self.stats, "host": hardware.host_reading(self.device), "slot": asdict(self.slot)}
+        self.stats = {**self.stats, "host": hardware.host_reading(self.device, self.torch_uuids),
+                      "slot": asdict(self.slot), "unavailable": self.unavailable}
         if self._marked_stopping:
             state = "stopping"
+        elif self.unavailable and state == "idle":
+            state = registry.UNAVAILABLE
         elif state == "idle":  # lent to another worker's multi-device job: its device is one of that job's ranks
             lent = self.db(registry.lent_to, self.id)
             state, job_id = ("busy", lent) if lent is not None else (state, job_id)
@@ -183,6 +216,14 @@ class Worker:
         if not self._marked_stopping:
             self._marked_stopping = True
             self.db(registry.worker_heartbeat, self.id, "stopping", job_id)
+
+    def mark_unavailable(self, reason: str) -> None:
+        """The device failed under a job: claim nothing more (the job is retried on another worker), and
+        say why at once (/workers, /devices, the waiting_for of the jobs only this worker could take)."""
+        log.error("worker %s is now unavailable, it takes no more jobs: %s", self.id, reason)
+        self.unavailable = reason
+        self.stats = {**self.stats, "unavailable": reason}
+        self.db(registry.worker_heartbeat, self.id, registry.UNAVAILABLE, None, self.stats)
 
     def note_torch_memory(self, metrics: dict) -> None:
         """Keep a job's latest allocator stats for the next heartbeat (/devices shows them)."""
@@ -210,12 +251,23 @@ class Worker:
             job=job, device=self.device, data_dir=self.settings.data_dir, run_dir=run_dir, checkpoint_stem=stem,
             storage_url=self.settings.storage_url, fetch=self._fetch(job, model_job),
             ranks=tuple(r["device"] for r in job.ranks or ()),
+            rank_uuids=tuple(r.get("key") if hardware.is_device_uuid(r.get("key")) else None for r in job.ranks or ()),
             resume_from=layout.resolve(job.checkpoint_path) if job.checkpoint_path else None,
             threads=max(1, (os.cpu_count() or 1) // max(1, len(here["cpu"]))) if self.device == "cpu" else None,
             memory_budget=memory.budget(self.settings.job_memory_bytes, self.settings.job_memory_share,
                                         memory.host_total(), len(here["all"])),
             gpu_memory_fraction=self._gpu_fraction(job), model_dir=model_dir, model_spec=model_spec,
-            log_path=layout.log(job.id))
+            scratch_dir=self._scratch(job))
+
+    def _scratch(self, job: Job) -> Path | None:
+        """A run job's ctx.data_dir: a directory of its own for this run, not the service's data directory
+        (the database is in it). What earlier runs of the job left (a worker killed) goes first."""
+        if job.kind != "run":
+            return None
+        shutil.rmtree(self.settings.layout.scratch(job.id), ignore_errors=True)
+        scratch = self.settings.layout.scratch(job.id, job.claim)
+        scratch.mkdir(parents=True)
+        return scratch
 
     def _fetch(self, job: Job, model_job: Job | None) -> tuple[str, ...]:
         """The stored files the job process needs on this host's disk before it starts (from a bucket:
@@ -256,10 +308,15 @@ class Worker:
             self.db(queue.fail, job.id, job.claim, error_record(Failure.JOB, type(exc).__name__, str(exc)))
             return
         parent_conn, child_conn = self.ctx.Pipe(duplex=False)
-        proc = self.ctx.Process(target=runner_entry.run, name=f"trainyard-job-{job.id}", args=(plan, child_conn))
+        # The job's stdout and stderr: a pipe the supervisor copies to the log, held to its cap (worker/joblog.py).
+        output, output_w = self.ctx.Pipe(duplex=False)
+        _widen(output)
+        proc = self.ctx.Process(target=runner_entry.run, name=f"trainyard-job-{job.id}",
+                                args=(plan, child_conn, output_w))
         proc.start()
         child_conn.close()
-        run = JobRun(worker=self, plan=plan, proc=proc, conn=parent_conn, log_path=log_path)
+        output_w.close()
+        run = JobRun(worker=self, plan=plan, proc=proc, conn=parent_conn, log_path=log_path, output=output)
         threads = f", {plan.threads} torch threads" if plan.threads else ""
         run.log(f"attempt {job.attempt} (run {job.claim}) on {self.id} ({self.device}{threads}, memory budget "
                 f"{memory.gib(plan.memory_budget)}), job process pid {proc.pid}")
@@ -270,7 +327,10 @@ class Worker:
             # requeued (from its last recorded checkpoint) for whichever worker reaches the database.
             log.exception("database unreachable while running job %s; stopping it", job.id)
             run.stop_now()
+        run.end_processes()
         parent_conn.close()
+        if plan.scratch_dir is not None:
+            shutil.rmtree(self.settings.layout.scratch(job.id), ignore_errors=True)
         run.sum_up()
         run.publish_log()  # with the lines written after the job's end was recorded
         if run.outcome == "succeeded":
@@ -289,6 +349,26 @@ class Worker:
                 pass
             except Exception as exc:  # noqa: BLE001
                 log.warning("job %s: earlier log not fetched from %s: %s", job_id, store.describe(), exc)
+
+
+def _widen(output) -> None:
+    """The output pipe's read end: non-blocking (the supervisor reads what is there), and as large as
+    the host allows (up to 1 MiB), so a job printing fast waits less while the supervisor is busy."""
+    os.set_blocking(output.fileno(), False)
+    try:
+        fcntl.fcntl(output.fileno(), 1031, 1 << 20)  # F_SETPIPE_SZ
+    except OSError:
+        pass  # past /proc/sys/fs/pipe-max-size: the default 64 KiB works, more slowly
+
+
+def _pci_bus_order() -> None:
+    """CUDA numbers GPUs fastest first unless told otherwise, NVML by PCI bus: on a mixed host the two
+    name different cards by one index. PCI bus order for the warm-up and every job process (children
+    of this one) makes CUDA_VISIBLE_DEVICES's integers mean what NVML's indices do; the worker's own
+    GPU is matched by UUID either way."""
+    if os.environ.get("CUDA_DEVICE_ORDER") not in (None, "PCI_BUS_ID"):
+        log.warning("CUDA_DEVICE_ORDER=%s replaced by PCI_BUS_ID", os.environ["CUDA_DEVICE_ORDER"])
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
 
 
 def main(settings: Settings, device: str, burst: bool = False, max_jobs: int | None = None) -> int:

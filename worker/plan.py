@@ -22,7 +22,8 @@ class JobPlan:
     gpu_memory_fraction: float | None = None
     model_dir: Path | None = None    # predict: the model job's artifact; train: init_from's
     model_spec: dict | None = None   # predict: the train job's spec (None for a run job's model)
-    log_path: Path | None = None     # what the job process prints is appended here
+    scratch_dir: Path | None = None  # run jobs: ctx.data_dir, a directory of this run's own (removed at its end)
     ranks: tuple[str, ...] = ()      # a multi-device job's devices, rank 0 (this worker's) first; () for one device
+    rank_uuids: tuple[str | None, ...] = ()  # each rank's GPU UUID (its worker's slot key): ranks pin themselves by it
     storage_url: str = ""            # where the run's files are published (app/storage.py); "" = the data dir
     fetch: tuple[str, ...] = ()      # stored keys to bring to this host's data dir first (they may be missing)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainyard.app.spec import ModelSpec
+from trainyard.app.spec import MAX_META_FILE_BYTES, MAX_METRIC_KEYS, MAX_METRIC_NAME, MAX_MODEL_META_BYTES, ModelSpec
 from trainyard.worker import artifacts, distributed, nets, torch_devices
 from trainyard.worker.context import JobContext, JobError
 
@@ -51,6 +51,7 @@ class Context:
 
     @property
     def device(self) -> torch.device:
+        """The job's device, already the process's current one: a bare .cuda() or torch.device("cuda") lands on it."""
         return self._job.device
 
     @property
@@ -59,6 +60,8 @@ class Context:
 
     @property
     def data_dir(self) -> Path:
+        """A directory of this run's own, empty at its start and removed at its end (a scratch space: keep
+        what must last with checkpoint() or save_model())."""
         return self._job.data_dir
 
     @property
@@ -79,9 +82,16 @@ class Context:
     # -- progress -----------------------------------------------------------------------------
 
     def report(self, epoch: int, **metrics: float) -> None:
-        """One record of numbers per epoch (epochs count from 1). On CUDA the allocator's memory is added."""
+        """One record of numbers per epoch (epochs count from 1): at most 100 metrics, each name at most 100
+        characters. On CUDA the allocator's memory is added."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
             raise ValueError(f"report: epoch must be a whole number from 1, not {epoch!r}")
+        if len(metrics) > MAX_METRIC_KEYS:
+            raise ValueError(f"report: {len(metrics)} metrics is over the limit of {MAX_METRIC_KEYS} per report")
+        for key in metrics:
+            if len(key) > MAX_METRIC_NAME:
+                raise ValueError(f"report: metric name {key[:40]!r}... is {len(key)} characters; the limit is "
+                                 f"{MAX_METRIC_NAME}")
         for key, value in metrics.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"report: metric {key!r} must be a finite number, not {value!r}")
@@ -131,12 +141,17 @@ class Context:
             model = model.module
         extra = {k: v for k, v in meta.items() if k not in _MODEL_KEYS}
         try:
-            json.dumps(extra)
+            size = len(json.dumps(extra))
         except (TypeError, ValueError) as e:
             raise ValueError(f"save_model: meta must be JSON: {e}") from None
+        if size > MAX_MODEL_META_BYTES:
+            raise ValueError(f"save_model: the extra meta is {size:,} bytes of JSON; the limit is "
+                             f"{MAX_MODEL_META_BYTES // 1024} KiB (keep large things in files of your own)")
         info = {"meta": extra, "precision": "fp32"}
         if "arch" in meta:
             info.update(self._rebuildable(model, meta))
+        if len(json.dumps(info, indent=2)) >= MAX_META_FILE_BYTES - 1024:  # every predict submit naming it reads it
+            raise ValueError(f"save_model: meta.json would be over {MAX_META_FILE_BYTES >> 20} MiB")
         artifacts.save_artifact(self._job.artifact_dir, model, info)
 
     def _rebuildable(self, model, meta: dict[str, Any]) -> dict[str, Any]:
@@ -172,6 +187,8 @@ class Context:
             if event["type"] in ("log", "epoch"):
                 print(event.get("line") or {k: v for k, v in event.items() if k != "type"}, file=sys.stderr)
 
+        # As in a job process: the device is the current one, so the program's .cuda() lands on it.
+        torch_devices.use_device(torch.device(device))
         job = JobContext(job_id=0, device=torch.device(device), data_dir=data_dir or root / "data",
                          artifact_dir=root / "artifact", checkpoint_path=root / "checkpoints" / "run.pt",
                          resume_path=resume_from, emit=emit)

@@ -10,12 +10,16 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from multiprocessing import connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainyard.app import queue
-from trainyard.app.states import Failure, error_record
-from trainyard.worker import memory
+from trainyard.app.layout import ARTIFACT_FILES
+from trainyard.app.spec import MAX_META_FILE_BYTES, MAX_METRIC_KEYS, MAX_METRIC_NAME
+from trainyard.app.states import DEVICE_FAILURE, Failure, error_record
+from trainyard.worker import memory, reaper
+from trainyard.worker.joblog import CappedLog
 from trainyard.worker.plan import JobPlan
 
 if TYPE_CHECKING:
@@ -31,6 +35,10 @@ PROGRESS = ("epoch", "checkpoint", "total")
 # While a job's events flow, its pipe is read at most this often: a job finishing a thousand epochs
 # a second costs twenty commits a second, not a thousand, and leaves the other cores to training.
 GATHER_S = 0.05
+# Keys an epoch record may hold besides a report's own: the built-in trainer's and the allocator's.
+BUILT_IN_METRIC_KEYS = 24
+# The job's output is copied to its log at most this much per look at its pipe (the pipe holds 1 MiB).
+PUMP_BYTES = 4 << 20
 
 
 @dataclass
@@ -41,6 +49,7 @@ class JobRun:
     proc: Any
     conn: Any
     log_path: Path
+    output: Any = None                  # the read end of the job process's stdout/stderr pipe
     started: float = field(default_factory=time.monotonic)
     outcome: str | None = None          # succeeded / failed / queued / lost
     stop_reason: str | None = None      # why we are stopping the process: shutdown, timeout, memory
@@ -55,6 +64,9 @@ class JobRun:
         self.checkpoint = str(self.plan.resume_from) if self.plan.resume_from else None
         if self.plan.memory_budget:
             self.watch = memory.Watch(self.proc.pid, self.plan.memory_budget)
+        self.out = CappedLog(self.log_path, self.worker.settings.job_log_bytes)
+        # The job process's parent, the fork server: the orphans of a job process killed outright are its.
+        self.fork_server = reaper.parent_of(self.proc.pid) or reaper.fork_server_pid()
 
     @property
     def job(self):
@@ -65,12 +77,50 @@ class JobRun:
         return self.worker.db(fn, self.job.id, self.job.claim, *args)
 
     def log(self, line: str) -> None:
-        with open(self.log_path, "a", encoding="utf-8") as f:
-            f.write(line.rstrip("\n") + "\n")
+        self.out.line(line)
+
+    def pump(self, limit: int = PUMP_BYTES) -> None:
+        """Copy what the job (and every process it started) printed to its log, up to limit bytes."""
+        while limit > 0 and self.output is not None:
+            try:
+                data = os.read(self.output.fileno(), min(1 << 20, limit))
+            except BlockingIOError:
+                return
+            if not data:  # every writer is gone
+                self.out.finish_pending()
+                self.output.close()
+                self.output = None
+                return
+            self.out.output(data)
+            limit -= len(data)
+
+    def wait_events(self, wait: float) -> bool:
+        """Up to `wait` seconds for the job's next event, copying its output meanwhile: True if one waits."""
+        deadline = time.monotonic() + wait
+        while self.output is not None:
+            ready = connection.wait([self.conn, self.output], max(0.0, deadline - time.monotonic()))
+            if self.output in ready:
+                self.pump()
+            if self.conn in ready or time.monotonic() >= deadline:
+                break
+        return self.conn.poll(max(0.0, deadline - time.monotonic()))
+
+    def end_processes(self) -> None:
+        """Once the job process is gone: end whatever it started that outlived it (adopted by the fork
+        server: the job process was killed outright), then copy the last of their output."""
+        if self.fork_server is not None and reaper.end_descendants(self.fork_server):
+            log.warning("job %s: processes of the job outlived it (still ending)", self.job.id)
+        self.pump()
+        if self.output is not None:
+            self.output.close()
+            self.output = None
+        self.out.finish_pending()
 
     def sum_up(self) -> None:
         """The job's closing log lines, written before its end is recorded: a client that sees the job
         ended reads its whole log."""
+        self.pump()  # what it printed before it reported its end
+        self.out.finish_pending()
         if self.watch is not None and not self.summed_up:
             self.log(f"job process peak memory: {memory.gib(self.watch.grown)} over its start "
                      f"(budget {memory.gib(self.plan.memory_budget)})")
@@ -198,6 +248,9 @@ class JobRun:
 
     def fail(self, error: dict) -> None:
         self.log(f"{error['type']}: {error['message']}")
+        if error.get("type") == DEVICE_FAILURE and not error.get("rank"):  # its own device, not a lent one
+            self.worker.mark_unavailable(f"{error['message']} (under job {self.job.id}); restart the worker "
+                                         "once the device works again")
         self.sum_up()
         self.outcome = self.db(queue.fail, error) or "lost"
 
@@ -206,7 +259,7 @@ class JobRun:
     def drain(self, wait: float) -> None:
         events = []
         try:
-            if self.conn.poll(wait):
+            if self.wait_events(wait):
                 time.sleep(max(0.0, self.last_read + GATHER_S - time.monotonic()))
                 self.last_read = time.monotonic()
             while len(events) < 1000 and self.conn.poll(0):
@@ -234,6 +287,11 @@ class JobRun:
             return
         epochs = [(e["epoch"], {k: v for k, v in e.items() if k not in ("type", "epoch")})
                   for e in events if e["type"] == "epoch"]
+        over = next(filter(None, (over_limit(epoch, data) for epoch, data in epochs)), None)
+        if over:  # the job's own code sent it (trainyard.Context checks first): its records are not stored
+            self.stop_now()
+            self.fail(error_record(Failure.JOB, "MetricsOverLimit", over))
+            return
         checkpoints = [e for e in events if e["type"] == "checkpoint"]
         totals = [e["epochs"] for e in events if e["type"] == "total"]
         latest = checkpoints[-1] if checkpoints else None
@@ -270,6 +328,12 @@ class JobRun:
                 self.outcome = "lost"
         elif kind == "done":  # the run dir holds a train job's model or a predict job's result.json
             run_dir = self.worker.settings.layout.rel(self.plan.run_dir)
+            meta = self.plan.run_dir / ARTIFACT_FILES["meta"]
+            if meta.is_file() and meta.stat().st_size > MAX_META_FILE_BYTES:  # written by the job's own code
+                self.fail(error_record(Failure.JOB, "MetaOverLimit", f"the model's meta.json is "
+                                       f"{meta.stat().st_size:,} bytes; the limit is {MAX_META_FILE_BYTES >> 20} MiB "
+                                       "(save_model's extra meta: 64 KiB)"))
+                return
             self.sum_up()
             self.outcome = "succeeded" if self.db(queue.succeed, event["result"], run_dir) else "lost"
         elif kind == "error":
@@ -280,3 +344,20 @@ class JobRun:
             self.stopped()
         if self.outcome == "lost":
             self.lost()
+
+
+def over_limit(epoch, data: dict) -> str | None:
+    """Why an epoch record a job process sent breaks the bounds on what is stored of it, or None: whole-number
+    epoch, at most MAX_METRIC_KEYS metrics (plus the built-in ones) of names up to MAX_METRIC_NAME characters,
+    each a number or null."""
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 2**31:
+        return f"report: epoch must be a whole number from 1, not {epoch!r}"
+    if len(data) > MAX_METRIC_KEYS + BUILT_IN_METRIC_KEYS:
+        return f"report: {len(data)} metrics is over the limit of {MAX_METRIC_KEYS} per report"
+    for key, value in data.items():
+        if not isinstance(key, str) or len(key) > MAX_METRIC_NAME:
+            return f"report: metric name {str(key)[:40]!r}... is over the limit of {MAX_METRIC_NAME} characters"
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or isinstance(value, int) and abs(value) >= 2**63):
+            return f"report: metric {key!r} must be a number, not {type(value).__name__}"
+    return None

@@ -18,6 +18,7 @@ any step boundary when the worker asks the job to stop.
 """
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager
 
@@ -111,6 +112,7 @@ class Run:
     grad_norms: torch.Tensor | None = None
     augment: Callable[[torch.Tensor, int, int], torch.Tensor] | None = None  # (batch, epoch, step) -> batch
     lr: float = 0.0  # the learning rate of the latest optimizer step (reported per epoch)
+    ddp: nn.parallel.DistributedDataParallel | None = None  # on several devices: the DDP wrapper of `model`
 
     @property
     def precision(self) -> str:
@@ -150,6 +152,11 @@ class Run:
     def autocast(self) -> ContextManager:
         return torch_devices.autocast(self.device, self.precision)
 
+    def sync(self, last: bool) -> ContextManager:
+        """Around a batch's forward and backward: DDP all-reduces the gradients only on the last batch of
+        an accumulation group; the others accumulate locally (no_sync), one all-reduce per optimizer step."""
+        return nullcontext() if last or self.ddp is None else self.ddp.no_sync()
+
 
 def build(spec: TrainJob, ctx: JobContext) -> Run:
     p, device, world = spec.train, ctx.device, ctx.world
@@ -158,6 +165,8 @@ def build(spec: TrainJob, ctx: JobContext) -> Run:
     # Data before seeding: whether a dataset comes from its cache or is decoded must not change
     # the random stream the model's initialisation draws from.
     d = data.load(spec.data, ctx.data_dir, device)
+    # A dataset over half the job's GPU budget stays in host memory (torch_devices.fits_on_device).
+    applied["data"] = "on the device" if d.x_train.device == device else "in host memory"
     # Seeding right before building the model gives the same initial weights for the same seed on
     # every device. Batch order has its own CPU generator, independent of dropout.
     torch.manual_seed(p.seed)
@@ -177,7 +186,10 @@ def build(spec: TrainJob, ctx: JobContext) -> Run:
     optimizer = make_optimizer(p, model.parameters())
     net = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None) \
         if world.size > 1 else model
-    forward = torch_devices.compile_model(net, p.compile, d.x_train[:2], applied)
+    # The warm-up compiles what training runs: a batch of its size (BatchNorm wants two samples at least)
+    # on the device and in the memory format of the training batches.
+    example = torch_devices.warm_up_batch(d.x_train[:max(2, p.batch_size)], device, channels_last)
+    forward = torch_devices.compile_model(net, p.compile, example, applied)
     run = Run(params=p, device=device, data=d, model=model, forward=forward, optimizer=optimizer,
               scaler=torch_devices.grad_scaler(device, applied["precision"]),
               criterion=nn.CrossEntropyLoss(label_smoothing=p.label_smoothing),
@@ -185,7 +197,8 @@ def build(spec: TrainJob, ctx: JobContext) -> Run:
               num_outputs=spec.model.num_classes or len(d.class_names), parameters=nets.count_parameters(model),
               world=world, stop_vote=distributed.StopVote(world), scheduler=None, watch=Watch(p),
               grad_norms=torch.zeros(2, device=device) if p.grad_clip_norm else None,
-              augment=augment.BatchAugment(p.augment, p.seed, d.input_shape, world.rank) if p.augment else None)
+              augment=augment.BatchAugment(p.augment, p.seed, d.input_shape, world.rank) if p.augment else None,
+              ddp=net if net is not model else None)
     run.scheduler = schedule.build(p, optimizer, run.optimizer_steps_per_epoch)
     run.lr = optimizer.param_groups[0]["lr"]
     return run
@@ -388,14 +401,15 @@ def step_on(run: Run, xb: torch.Tensor, yb: torch.Tensor, scale: float = 1.0,
     (`first` clears the gradients); its mean loss, detached, still on the device. The gradient is
     that of the loss times scale (a rank's share of a global batch: distributed.shard, and the
     batch's share of its group)."""
-    with run.autocast():
-        logits = run.forward(xb)
-    mean = run.criterion(logits.float(), yb)
-    loss = mean if scale == 1.0 else mean * scale
     if first:
         run.optimizer.zero_grad(set_to_none=True)
     scaler = run.scaler if run.scaler.is_enabled() else None  # fp16 on CUDA: keeps small gradients from flushing
-    (scaler.scale(loss) if scaler else loss).backward()
+    with run.sync(last):
+        with run.autocast():
+            logits = run.forward(xb)
+        mean = run.criterion(logits.float(), yb)
+        loss = mean if scale == 1.0 else mean * scale
+        (scaler.scale(loss) if scaler else loss).backward()
     if not last:
         return mean.detach()
     if run.grad_norms is not None:
@@ -417,12 +431,21 @@ def step_on(run: Run, xb: torch.Tensor, yb: torch.Tensor, scale: float = 1.0,
 # -- evaluate and summarise -----------------------------------------------------------------------
 
 def evaluate(run: Run, module: Callable | None = None) -> tuple[float, float]:
-    """(loss, accuracy) on the validation split, through the same evaluation a predict job uses."""
+    """(loss, accuracy) on the validation split, through the same evaluation a predict job uses.
+
+    Its batches start at EVAL_MIN_BATCH (fewer, larger launches) and halve on a GPU out-of-memory down
+    to the training batch_size, so they stay within the job's memory budget; out of memory even there,
+    the job fails `oom` saying what to change."""
     d = run.data
     # Not through DDP: only rank 0 evaluates, and DDP's forward would wait for the other ranks.
     module = module or (run.model if run.world.size > 1 else run.forward)
-    loss, accuracy, _ = infer.evaluate(module, d.x_val, d.y_val,
-                                       max(run.params.batch_size, infer.EVAL_MIN_BATCH), run.device, run.autocast)
+    smallest = run.params.batch_size
+    try:
+        loss, accuracy, _ = infer.evaluate(module, d.x_val, d.y_val, max(smallest, infer.EVAL_MIN_BATCH),
+                                           run.device, run.autocast, min_batch=smallest)
+    except torch.OutOfMemoryError as e:
+        raise torch_devices.EvaluationOutOfMemory(
+            torch_devices.oom_message(run.device, smallest, evaluating=True)) from e
     return loss, accuracy
 
 

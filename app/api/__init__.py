@@ -4,6 +4,7 @@ import logging
 import os
 import threading
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 from fastapi import Depends, FastAPI
@@ -13,6 +14,7 @@ from trainyard.app.api import errors
 from trainyard.app.api.deps import require_token
 from trainyard.app.api.guard import RequestGuard
 from trainyard.app.api.reads import LoopReader
+from trainyard.app.api.streams import StreamSlots, SweepHub
 from trainyard.app.api.routes import dashboard, datasets, jobs, sweeps, system
 from trainyard.app.api.schemas import UNAUTHORIZED
 from trainyard.app.db import make_engine
@@ -31,6 +33,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         schema.prepare(engine)
         app.state.engine = engine
         app.state.reader = LoopReader(engine, settings.db_url)
+        app.state.streams = StreamSlots(settings.max_event_streams, settings.max_event_streams_per_target)
+        app.state.sweep_hub = SweepHub(partial(sweeps.watched, engine), sweeps.EVENTS_POLL_S)
         app.state.metrics_registry = metrics.registry(engine, settings.lease_s, settings.node)
         stop = threading.Event()
         reaper = threading.Thread(target=_reap, args=(engine, settings.lease_s / 3, stop,

@@ -4,9 +4,11 @@ import errno
 import logging
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError
+from starlette.exceptions import HTTPException
 
 from trainyard.app.errors import StorageFull, TrainyardError, Unavailable
 
@@ -18,10 +20,11 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(OSError, _os_error)
     app.add_exception_handler(DBAPIError, _database)
+    app.add_exception_handler(HTTPException, _http)
 
 
 def respond(exc: TrainyardError) -> JSONResponse:
-    headers = {"Retry-After": "5"} if exc.status == 503 else None
+    headers = {"Retry-After": str(getattr(exc, "retry_after", 5))} if exc.status == 503 else None
     return JSONResponse({"detail": exc.detail()}, status_code=exc.status, headers=headers)
 
 
@@ -35,6 +38,15 @@ async def _validation(request: Request, exc: RequestValidationError) -> JSONResp
     detail = [{"loc": [p if isinstance(p, (int, str)) else str(p) for p in e["loc"]], "msg": e["msg"],
                "type": e["type"]} for e in exc.errors()]
     return JSONResponse({"detail": detail}, status_code=422)
+
+
+async def _http(request: Request, exc: HTTPException):
+    # FastAPI answers a body its JSON parser gave up on with a bare 400; one nested past the parser's
+    # recursion limit (about 1,000 deep) is invalid input like any other: 422 naming the body.
+    if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):
+        return JSONResponse({"detail": [{"loc": ["body"], "msg": "JSON nested too deep to parse (free-form values "
+                                         "nest at most 32 deep)", "type": "json_invalid"}]}, status_code=422)
+    return await http_exception_handler(request, exc)
 
 
 async def _os_error(request: Request, exc: OSError) -> JSONResponse:

@@ -5,10 +5,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from trainyard.app.queue import spec_summary
 from trainyard.app.records import Job
-from trainyard.app.spec import SweepSpec
 from trainyard.app.states import JobState
-from trainyard.app.sweeps import best_trial, counts, failure, trial_value
+from trainyard.app.sweeps import best_trial, counts, failure, summary, trial_value
 
 # Result keys that can be large. They live in a file beside the job's run (GET /jobs/{id}/result);
 # rows written before that held them inline, and still show only a count.
@@ -53,6 +53,9 @@ class JobSummary(BaseModel):
                                                       "device, plugin or GPU memory); null while it only waits its turn")
     sweep: dict[str, Any] | None = Field(None, description="a sweep's trial: {id, trial, params} (the sweep, the "
                                                           "trial's number, the values it tries)")
+    summary: dict[str, Any] | None = Field(None, description="what a list shows of the spec: arch, dataset (train); "
+                                                            "model_job and rows, or dataset and split (predict); "
+                                                            "entrypoint (run)")
 
 
 # The parts of a job a list page leaves out unless asked (GET /jobs?include=spec,errors,result): they are
@@ -60,10 +63,12 @@ class JobSummary(BaseModel):
 HEAVY = ("spec", "errors", "result")
 
 
-def job_fields(job: Job, waiting_for: str | None, include: tuple[str, ...] = HEAVY) -> dict[str, Any]:
+def job_fields(job: Job, waiting_for: str | None, include: tuple[str, ...] = HEAVY,
+               summary: dict[str, Any] | None = None) -> dict[str, Any]:
     """A job as JobPublic's (or, with less included, JobListItem's) plain values, ready for
     pydantic_core.to_json: the hot reads serialise these directly, the response models document them.
-    (model_construct per item was most of a list page's cost.)"""
+    (model_construct per item was most of a list page's cost.) summary: queue.summaries' for a job read
+    without its spec."""
     error = job.error
     if error:
         error = {k: v for k, v in error.items() if k != "traceback"}
@@ -75,7 +80,8 @@ def job_fields(job: Job, waiting_for: str | None, include: tuple[str, ...] = HEA
         progress={"epoch": job.epoch, "epochs": job.epochs},
         latest_metrics=job.latest_metrics, peak_memory_allocated=job.peak_memory_allocated,
         peak_memory_reserved=job.peak_memory_reserved, checkpoint_epoch=job.checkpoint_epoch,
-        parameters=job.parameters, error=error, waiting_for=waiting_for, sweep=job.sweep)
+        parameters=job.parameters, error=error, waiting_for=waiting_for, sweep=job.sweep,
+        summary=summary if summary is not None or job.spec is None else spec_summary(job.kind, job.spec))
     if "spec" in include:
         out["spec"] = job.spec
     if "errors" in include:
@@ -128,6 +134,9 @@ class JobsPublic(BaseModel):
     count: int = Field(description="jobs matching the filter, over all pages")
     limit: int
     offset: int
+    truncated: bool = Field(False, description="the page ended before `limit` items though more match: its bytes "
+                                               "reached TRAINYARD_MAX_LIST_BYTES (include less, or go on at next_offset)")
+    next_offset: int | None = Field(None, description="the offset of the next page; null on the last")
 
 
 class MetricPublic(BaseModel):
@@ -152,8 +161,9 @@ class WorkerPublic(BaseModel):
     host: str
     pid: int
     device: str
-    state: str = Field(description="idle, busy (running a job, or lending its device to one), stopping, stopped, "
-                       "or lost (no heartbeat within the lease)")
+    state: str = Field(description="idle, busy (running a job, or lending its device to one), unavailable (alive "
+                       "but unable to use its device: see `unavailable`), stopping, stopped, or lost (no "
+                       "heartbeat within the lease)")
     job_id: int | None
     started_at: datetime
     last_heartbeat: datetime
@@ -161,6 +171,9 @@ class WorkerPublic(BaseModel):
     torch: dict[str, Any] | None = Field(None, description="the worker's last reported torch allocator stats")
     draining: bool = Field(False, description="finishing what it runs, claiming nothing more "
                                               "(POST /workers/{id}/drain, /undrain)")
+    unavailable: str | None = Field(None, description="why the worker cannot use its device (no CUDA, a driver "
+                                    "older than its torch build needs, a device missing or failed) and the fix; "
+                                    "it then claims no job")
 
 
 
@@ -196,7 +209,8 @@ class SweepPublic(BaseModel):
     created_at: datetime
     finished_at: datetime | None
     error: str | None = Field(description="why the sweep failed or ended")
-    spec: dict[str, Any]
+    spec: dict[str, Any] | None = Field(None, description="the sweep as submitted (GET /sweeps/{id}); null in list "
+                                                         "items and events")
     trials: list[TrialPublic] | None = Field(None, description="every trial (GET /sweeps/{id}); null in list items")
 
 
@@ -215,14 +229,16 @@ def trial_fields(job: Job, metric: str, best: Job | None) -> dict[str, Any]:
 
 
 def sweep_fields(row: dict, found: list[Job], with_trials: bool = True) -> dict[str, Any]:
-    spec = row["spec"]
-    parsed = SweepSpec.model_validate(spec)
-    best = best_trial(spec, found)
+    """A sweep as SweepPublic's plain values. A row read with its spec (GET /sweeps/{id}) shows it; one read with
+    its summary instead (sweeps.page, get_summary: list items, events) shows `spec: null`. The stored spec was
+    validated at submit and is not validated again here."""
+    plan = row["summary"] if "summary" in row else summary(row["spec"])
+    best = best_trial(plan, found)
     return dict(
-        id=row["id"], name=row["name"], state=row["state"], method=parsed.method, metric=parsed.metric,
-        direction=parsed.goal, max_trials=parsed.trials, max_concurrent=parsed.max_concurrent,
+        id=row["id"], name=row["name"], state=row["state"], method=plan["method"], metric=plan["metric"],
+        direction=plan["direction"], max_trials=plan["max_trials"], max_concurrent=plan["max_concurrent"],
         trial_count=max(row["trial_count"], len(found)), counts=counts(found),
         best=None if best is None else {"trial": best.sweep["trial"], "job_id": best.id, "params": best.sweep["params"],
-                                        "value": trial_value(best, parsed.metric)},
-        created_at=ts(row["created_at"]), finished_at=ts(row["finished_at"]), error=row["error"], spec=spec,
-        trials=[trial_fields(j, parsed.metric, best) for j in found] if with_trials else None)
+                                        "value": trial_value(best, plan["metric"])},
+        created_at=ts(row["created_at"]), finished_at=ts(row["finished_at"]), error=row["error"],
+        spec=row.get("spec"), trials=[trial_fields(j, plan["metric"], best) for j in found] if with_trials else None)

@@ -1,11 +1,12 @@
-"""The `trainyard` command: run the server and workers (launch.py), and talk to the API (commands.py).
+"""The `trainyard` command: run the server and workers (launch.py), talk to the API (commands.py), and check
+a GPU host (gpu_check.py: `trainyard gpu-check`).
 
 Human-readable output by default, `--json` for scripts. Client commands talk to TRAINYARD_URL
 (or --url) and send TRAINYARD_API_TOKEN (or --token) as a bearer token.
 """
 import argparse
 
-from trainyard.app.cli import commands, launch
+from trainyard.app.cli import commands, gpu_check, launch
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     launch.add_commands(sub)
     commands.add_commands(sub)
+    gpu_check.add_commands(sub)
     return p
 
 

@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 from rich.table import Table
-from rich.text import Text
 
 from trainyard.app.cli.output import (
+    TerminalWriter,
     console,
     counts_text,
     err,
@@ -24,10 +24,14 @@ from trainyard.app.cli.output import (
     say_best,
     say_failure,
     show,
+    shown,
     sweep_summary,
 )
 from trainyard.app.client import TERMINAL, APIError, Client
 from trainyard.app.states import JobState
+
+# After a log was trimmed under a follower, it goes on from this many of the latest bytes.
+FOLLOW_AFTER_TRIM = 64 << 10
 
 
 def add_commands(sub) -> None:
@@ -56,6 +60,7 @@ def add_commands(sub) -> None:
     lg = add("logs", cmd_logs, "print a job's log")
     lg.add_argument("id", type=int)
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+    lg.add_argument("--tail", type=int, metavar="BYTES", help="only the log's last BYTES (from a line's start)")
     d = add("download", cmd_download, "download a train job's state_dict")
     d.add_argument("id", type=int)
     d.add_argument("-o", "--output", required=True)
@@ -140,7 +145,7 @@ def cmd_jobs(client: Client, args) -> int:
         t = Table("id", "kind", "name", "state", "device", "progress", "created")
         for j in page["data"]:
             ran = " + ".join(r["device"] for r in j.get("ranks") or []) or j["device"]  # each rank's device
-            t.add_row(str(j["id"]), j["kind"], j["name"] or "", j["state"], ran or j["requested_device"],
+            t.add_row(str(j["id"]), j["kind"], shown(j["name"] or ""), j["state"], shown(ran or j["requested_device"]),
                       progress_text(j), j["created_at"][:19])
         console.print(t)
         console.print(f"{len(page['data'])} of {page['count']} jobs")
@@ -150,16 +155,27 @@ def cmd_jobs(client: Client, args) -> int:
 
 
 def cmd_logs(client: Client, args) -> int:
-    """The log so far; with -f, what the job prints next until it ends (the log only grows)."""
-    printed = 0
+    """The log so far (or its last --tail bytes); with -f, what the job prints next until it ends, each
+    read asking only for the bytes after the last one's."""
+    if args.tail is not None and args.tail < 1:
+        raise SystemExit("trainyard logs: --tail must be at least 1")
+    out = TerminalWriter(sys.stdout.buffer)  # the job's own output, but nothing that acts on the terminal
+    data, start, _size = client.read_log(args.id, tail=args.tail)
     while True:
-        text = client.logs(args.id)
-        sys.stdout.write(text[printed:])
-        sys.stdout.flush()
-        printed = len(text)
-        if not args.follow or client.get(args.id)["state"] in TERMINAL and len(client.logs(args.id)) == printed:
+        out.write(data)
+        out.flush()
+        offset = start + len(data)
+        if not args.follow:
             return 0
-        time.sleep(0.5)
+        ended = client.get(args.id)["state"] in TERMINAL
+        data, start, size = client.read_log(args.id, offset=offset)
+        if size < offset:  # trimmed to its cap while we read: go on from its latest lines
+            data, start, size = client.read_log(args.id, tail=FOLLOW_AFTER_TRIM)
+            out.write(b"\n[trainyard logs: the log was trimmed to its cap here]\n")
+        if ended and not data:
+            return 0
+        if not data:
+            time.sleep(0.5)
 
 
 def cmd_download(client: Client, args) -> int:
@@ -181,13 +197,15 @@ def cmd_devices(client: Client, args) -> int:
             ws = ", ".join(f"{w['id']} {w['state']} job {w['job_id']} "
                            f"({mib((w['torch'] or {}).get('memory_allocated'))} / "
                            f"{mib((w['torch'] or {}).get('memory_reserved'))})" for w in g["workers"])
-            t.add_row(f"cuda:{g['index']}", g["name"], g["compute_capability"],
-                      f"{mib(g['memory_used'])} / {mib(g['memory_total'])}", ws or "-")
+            t.add_row(f"cuda:{g['index']}", shown(g["name"]), g["compute_capability"],
+                      f"{mib(g['memory_used'])} / {mib(g['memory_total'])}", shown(ws or "-"))
         cpu = d["cpu"]
         t.add_row("cpu", f"{cpu['cores']} cores", "",
                   f"{mib(cpu['memory_total'] - (cpu['memory_available'] or 0))} / {mib(cpu['memory_total'])}",
-                  ", ".join(f"{w['id']} {w['state']} job {w['job_id']}" for w in cpu["workers"]) or "-")
+                  shown(", ".join(f"{w['id']} {w['state']} job {w['job_id']}" for w in cpu["workers"]) or "-"))
         console.print(t)
+        for w in d.get("other_workers") or []:  # GPU workers on no listed GPU: say why
+            console.print(f"{w['id']} ({w['host']} {w['device']}) {w['state']}: {w.get('unavailable') or 'GPU not listed'}")
 
     show(client.devices(), args.json, render)
     return 0
@@ -212,14 +230,16 @@ def worker_table(ws: list) -> None:
     t = Table("id", "host", "pid", "device", "state", "job", "heartbeat age (s)")
     for w in ws:
         state = f"{w['state']} (draining)" if w.get("draining") else w["state"]
-        t.add_row(w["id"], w["host"], str(w["pid"]), w["device"], state, str(w["job_id"] or "-"),
-                  f"{w['last_heartbeat_age_s']:.1f}")
+        if w.get("unavailable"):
+            state = f"{state}: {w['unavailable']}"
+        t.add_row(shown(w["id"]), shown(w["host"]), str(w["pid"]), shown(w["device"]), shown(state),
+                  str(w["job_id"] or "-"), f"{w['last_heartbeat_age_s']:.1f}")
     console.print(t)
 
 
 def cmd_upload(client: Client, args) -> int:
     def render(d: dict) -> None:
-        console.print(f"uploaded {d['name']} as {d['dataset']}: {d['samples']} samples of shape "
+        console.print(f"uploaded {shown(d['name'])} as {d['dataset']}: {d['samples']} samples of shape "
                       f"{d['input_shape']}, {len(d['classes'])} classes")
 
     show(client.upload(args.file, args.label_column), args.json, render)
@@ -265,7 +285,7 @@ def cmd_sweeps(client: Client, args) -> int:
         t = Table("id", "name", "state", "method", "metric", "trials", "counts", "best", "created")
         for s in page["data"]:
             best = s.get("best")
-            t.add_row(str(s["id"]), Text(s.get("name") or ""), s["state"], s["method"],
+            t.add_row(str(s["id"]), shown(s.get("name") or ""), s["state"], s["method"],
                       f"{s['metric']} ({s.get('direction') or '?'})",
                       f"{s.get('trial_count') or 0}/{s.get('max_trials') or '?'}", counts_text(s.get("counts") or {}),
                       f"{number(best['value'])} (trial {best['trial']})" if best else "-", when(s.get("created_at")))

@@ -1,19 +1,68 @@
 """How the CLI shows things: JSON for scripts, rich tables, a live progress bar (jobs) and a live table of
-trials (sweeps) for people."""
+trials (sweeps) for people.
+
+Every string a client or a job chose (names, parameters, error messages, the server's words that may
+quote them) is printed through shown() (markup read) or escaped() (Text, markup=False): its control
+characters as escapes (\\x1b), so that a name cannot set the clipboard or clear the screen, and its Rich
+markup as text, so that "[link=...]" is not a hyperlink. JSON output escapes control characters itself.
+A job's log (`trainyard logs`) is its own output, printed as such through TerminalWriter: colours kept,
+every other escape sequence taken out.
+"""
 import json
+import re
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from trainyard.app.client import TERMINAL, APIError, Client, describe
 from trainyard.app.states import JobState
+from trainyard.app.text import escaped
 
 console = Console()
 err = Console(stderr=True)
+
+
+def shown(value: Any) -> str:
+    """Client text for what reads Rich markup (console.print, a table's str cells): control characters as
+    escapes, markup escaped. For Text() and markup=False prints: escaped()."""
+    return escape(escaped(value))
+
+
+# What in a log acts on the terminal: CSI sequences (kept only when they set colours: SGR, ending in
+# "m"), OSC strings (the title, the clipboard, hyperlinks), DCS, SOS, PM and APC strings, any other
+# escape, a lone ESC, the C0 controls but tab, newline and carriage return (progress bars), DEL, and
+# the C1 controls (UTF-8 encoded: 8-bit CSI and OSC).
+_LOG_SEQUENCE = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[ -/]*[0-~]"
+                           rb"|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\xc2[\x80-\x9f]")
+# A sequence that the end of a read cut (an OSC string without its end, a CSI without its final byte, a
+# lone ESC, the first byte of a C1 control) waits for the next read, up to _LOG_HELD_MAX bytes (beyond,
+# its ESC goes and its text is printed as text).
+_LOG_UNFINISHED = re.compile(rb"(?:\x1b[\]PX^_][^\x07\x1b]*\x1b?|\x1b\[[0-?]*[ -/]*|\x1b[ -/]*|\xc2)\Z")
+_LOG_HELD_MAX = 4096
+
+
+class TerminalWriter:
+    """A job's log bytes to out (stdout's buffer) with the sequences that would act on the terminal taken
+    out (colours kept); a sequence split across writes is held until it is whole."""
+
+    def __init__(self, out: BinaryIO):
+        self.out, self.held = out, b""
+
+    def write(self, data: bytes) -> None:
+        data = self.held + data
+        unfinished = _LOG_UNFINISHED.search(data, max(0, len(data) - _LOG_HELD_MAX))
+        cut = unfinished.start() if unfinished else len(data)
+        self.held = data[cut:]
+        self.out.write(_LOG_SEQUENCE.sub(lambda m: m.group() if m.group().endswith(b"m") and
+                                         m.group().startswith(b"\x1b[") else b"", data[:cut]))
+
+    def flush(self) -> None:
+        self.out.flush()
 
 
 def show(obj: Any, as_json: bool, render: Callable[[Any], None]) -> None:
@@ -28,10 +77,12 @@ def error(exc: APIError, as_json: bool) -> int:
     if as_json:
         print(json.dumps({"error": {"status_code": exc.status_code, "detail": exc.detail}}), file=sys.stderr)
     elif exc.status_code == 0:
-        err.print(str(exc.detail), style="red", markup=False, highlight=False)
+        err.print(escaped(exc.detail), style="red", markup=False, highlight=False)
     else:
-        # markup=False: the server's words are shown as sent ("[job]" or "[/x]" in them are not rich tags)
-        err.print(f"error {exc.status_code}: {describe(exc.detail)}", style="red", markup=False, highlight=False)
+        # markup=False: the server's words are shown as sent ("[job]" or "[/x]" in them are not rich tags),
+        # but for control characters (a 422 names the offending key of a sweep's parameters)
+        err.print(f"error {exc.status_code}: {escaped(describe(exc.detail))}", style="red", markup=False,
+                  highlight=False)
     return 2 if exc.status_code == 0 else 1
 
 
@@ -52,17 +103,18 @@ def job_table(job: dict) -> None:
     t = Table(show_header=False, box=None)
     for key in ("id", "kind", "name", "state", "device", "worker_id", "attempt", "parameters", "created_at",
                 "started_at", "finished_at"):
-        t.add_row(key, str(job.get(key)))
+        t.add_row(key, shown(job.get(key)))
     t.add_row("progress", progress_text(job) or "-")
     if job.get("waiting_for"):
-        t.add_row("waiting for", f"[yellow]{job['waiting_for']}[/yellow]")
+        t.add_row("waiting for", f"[yellow]{shown(job['waiting_for'])}[/yellow]")
     if job.get("peak_memory_allocated"):
         t.add_row("peak memory", f"{mib(job['peak_memory_allocated'])} allocated, "
                                  f"{mib(job['peak_memory_reserved'])} reserved")
     if job.get("error"):
-        t.add_row("error", f"[{job['error'].get('class')}] {job['error']['type']}: {job['error']['message']}")
+        e = job["error"]
+        t.add_row("error", shown(f"[{e.get('class')}] {e['type']}: {e['message']}"))
     if job.get("result"):
-        t.add_row("result", json.dumps(job["result"]))
+        t.add_row("result", shown(json.dumps(job["result"])))
     console.print(t)
 
 
@@ -79,7 +131,7 @@ def stats_text(job: dict) -> str:
         parts.append(f"mem {mib(m['memory_allocated'])} alloc / {mib(m.get('memory_reserved'))} reserved")
     if job.get("device"):
         parts.append(job["device"])
-    return "  ".join(parts)
+    return shown("  ".join(parts))  # for a TextColumn, which reads markup
 
 
 def ride_out(exc: APIError, since: float | None) -> float:
@@ -154,8 +206,8 @@ def follow_lines(client: Client, job_id: int, quiet: bool) -> dict:
 def say_failure(job: dict) -> None:
     if job["state"] == JobState.FAILED:
         e = job["error"]
-        err.print(f"job {job['id']} failed: [{e['class']}] {e['type']}: {e['message']}", style="red", markup=False,
-                  highlight=False)
+        err.print(escaped(f"job {job['id']} failed: [{e['class']}] {e['type']}: {e['message']}"), style="red",
+                  markup=False, highlight=False)
 
 
 # -- sweeps ---------------------------------------------------------------------------------------
@@ -172,7 +224,7 @@ def number(v) -> str:
         return f"{v:.4g}"
     if isinstance(v, (list, dict)):
         return json.dumps(v, separators=(",", ":"))
-    return str(v)
+    return escaped(v)  # a choice's string: the client's
 
 
 def params_text(params: dict) -> str:
@@ -196,7 +248,7 @@ def sweep_line(sweep: dict) -> Text:
     best, counts = sweep.get("best"), counts_text(sweep.get("counts") or {})
     metric = f"{sweep['metric']} ({sweep.get('direction') or '?'})"
     made = f"{sweep.get('trial_count') or 0}/{sweep.get('max_trials') or '?'}"
-    return Text.assemble(f"sweep {sweep['id']}", f" {sweep['name']}" if sweep.get("name") else "", "  ",
+    return Text.assemble(f"sweep {sweep['id']}", f" {escaped(sweep['name'])}" if sweep.get("name") else "", "  ",
                          (sweep["state"], SWEEP_STATE_STYLE.get(sweep["state"], "")),
                          f"  {sweep['method']}  {made} trials", f" ({counts})" if counts else "",
                          f"  {metric}: best {number(best['value'])} (trial {best['trial']})" if best
@@ -216,7 +268,7 @@ def trials_table(sweep: dict, trials: list[dict]) -> Table:
         names += [k for k in t.get("params") or {} if k not in names]
     # The sweep's own best: a trial's flag is as fresh as the last event about that trial.
     best = (sweep.get("best") or {}).get("trial")
-    table = Table("trial", "job", "state", *names, sweep["metric"], "epoch", "best")
+    table = Table("trial", "job", "state", *map(shown, names), sweep["metric"], "epoch", "best")
     for t in sorted(trials, key=lambda t: t["trial"]):
         state = trial_state(t)
         is_best = t["trial"] == best if best is not None else bool(t.get("best"))
@@ -243,14 +295,14 @@ def say_best(sweep: dict) -> None:
     best = sweep.get("best")
     if best:
         console.print(f"best trial {best['trial']} (job {best['job_id']}): {sweep['metric']} {number(best['value'])}"
-                      f"  {params_text(best['params'])}", highlight=False, markup=False)
+                      f"  {escaped(params_text(best['params']))}", highlight=False, markup=False)
     elif sweep["state"] in TERMINAL:
         console.print(f"sweep {sweep['id']} {sweep['state']} without a best trial", highlight=False)
 
 
 def say_sweep_failure(sweep: dict) -> None:
     if sweep["state"] == "failed":
-        err.print(f"sweep {sweep['id']} failed: {sweep.get('error') or 'no trial succeeded'}", style="red",
+        err.print(f"sweep {sweep['id']} failed: {escaped(sweep.get('error') or 'no trial succeeded')}", style="red",
                   markup=False, highlight=False)
     elif sweep["state"] == "cancelled":
         err.print(f"sweep {sweep['id']} was cancelled", style="yellow", highlight=False)

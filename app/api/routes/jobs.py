@@ -1,5 +1,6 @@
 """Routes for jobs: submit, list, read, cancel, retry, metrics, events, artifact, result, logs."""
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Annotated, Any, Literal
@@ -8,6 +9,7 @@ import pydantic_core
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
@@ -25,6 +27,11 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 INCLUDE_PATTERN = rf"^({'|'.join(HEAVY)})(,({'|'.join(HEAVY)}))*$"
 JobId = Annotated[int, PathParam(ge=1, le=MAX_ID)]
 EVENTS_POLL_S = 0.25
+# GET /jobs/{id}/metrics: records per page, and the header that says where the next page starts.
+MAX_METRICS_PAGE = 10_000
+NEXT_SINCE = "X-Next-Since"
+METRIC_BLANKS = {name: None for name in MetricPublic.model_fields if name not in ("epoch", "attempt")}
+MAX_EPOCH = 2**31 - 1  # the epoch column's integer
 
 EXAMPLES = {
     "train": {"summary": "Train an MLP on Iris", "value": TRAIN_EXAMPLE},
@@ -60,16 +67,21 @@ async def list_jobs(settings: SettingsDep, reader: ReaderDep,
                         description="comma-separated: spec, errors, result (left out of list items by default)")] = None,
                     ) -> Response:
     """A page of jobs, newest first. Items are light: a job's spec, errors and result are left out
-    unless `include` names them (GET /jobs/{id} has all of it)."""
+    unless `include` names them (GET /jobs/{id} has all of it); `summary` has what a list shows of the spec.
+    A page holds about TRAINYARD_MAX_LIST_BYTES at most, whatever it includes: past it the page ends early
+    (`truncated`), and `next_offset` is where the next page starts."""
     wanted = tuple(sorted(set(include.split(",")))) if include else ()
 
     def read(engine):
-        rows, count = queue.list_jobs(engine, state, kind, limit, offset,
-                                      leave_out=tuple(h for h in HEAVY if h not in wanted), sweep_id=sweep)
-        return rows, count, admission.why_waiting(engine, settings, rows)
-    rows, count, waiting = await reader.run(read)
-    return as_json({"data": [job_fields(r, waiting.get(r.id), wanted) for r in rows], "count": count,
-                    "limit": limit, "offset": offset})
+        rows, count = queue.list_jobs(engine, state, kind, limit, offset, sweep_id=sweep,
+                                      leave_out=tuple(h for h in HEAVY if h not in wanted),
+                                      max_bytes=settings.max_list_bytes)
+        return rows, count, admission.why_waiting(engine, settings, rows), queue.summaries(engine, rows)
+    rows, count, waiting, about = await reader.run(read)
+    after = offset + len(rows)
+    return as_json({"data": [job_fields(r, waiting.get(r.id), wanted, about.get(r.id)) for r in rows],
+                    "count": count, "limit": limit, "offset": offset,
+                    "truncated": len(rows) < min(limit, count - offset), "next_offset": after if after < count else None})
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
@@ -84,10 +96,11 @@ async def get_job(job_id: JobId, request: Request) -> Response:
     return as_json(job_fields(job, waiting))
 
 
-def as_json(values: dict, status_code: int = 200) -> Response:
+def as_json(values: dict | list, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
     """The hot paths: async routes that serialise plain values once, with pydantic's own JSON encoder
     (the same output as their response models; a returned Response is not validated again)."""
-    return Response(pydantic_core.to_json(values), status_code=status_code, media_type="application/json")
+    return Response(pydantic_core.to_json(values), status_code=status_code, media_type="application/json",
+                    headers=headers)
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic,
@@ -102,9 +115,18 @@ def retry_job(job_id: JobId, engine: EngineDep) -> JobPublic:
     return JobPublic.from_job(queue.retry(engine, job_id))
 
 
-@router.get("/{job_id}/metrics", response_model=list[MetricPublic], responses=NOT_FOUND)
-def job_metrics(job_id: JobId, engine: EngineDep) -> list[dict]:
-    return queue.get_metrics(engine, job_id)
+@router.get("/{job_id}/metrics", response_model=list[MetricPublic],
+            responses={200: {"headers": {NEXT_SINCE: {"description": "more records follow: ask again with since=it",
+                                                      "schema": {"type": "integer"}}}}, **NOT_FOUND})
+def job_metrics(job_id: JobId, engine: EngineDep, settings: SettingsDep,
+                since: Annotated[int, Query(ge=0, le=MAX_EPOCH, description="records after this epoch")] = 0,
+                limit: Annotated[int, Query(ge=1, le=MAX_METRICS_PAGE)] = MAX_METRICS_PAGE) -> Response:
+    """The job's epoch records after `since`, oldest first: at most `limit`, and about TRAINYARD_MAX_LIST_BYTES
+    (the first always). When more follow, the `X-Next-Since` header holds the `since` of the next page."""
+    records, more = queue.metrics_page(engine, job_id, since, limit, settings.max_list_bytes)
+    # Every declared field in every record, null where an epoch did not report it (as response_model did).
+    records = [{**METRIC_BLANKS, **r} for r in records]
+    return as_json(records, headers={NEXT_SINCE: str(records[-1]["epoch"])} if more and records else None)
 
 
 async def existing_job(job_id: JobId, engine: EngineDep) -> Job:
@@ -112,9 +134,16 @@ async def existing_job(job_id: JobId, engine: EngineDep) -> Job:
     return await run_in_threadpool(queue.get_job, engine, job_id)
 
 
-@router.get("/{job_id}/events", response_class=EventSourceResponse,
+async def stream_slot(job_id: JobId, request: Request) -> AsyncIterator[None]:
+    """A slot for the job's event stream: 503 past the caps on open streams (app/api/streams.py)."""
+    with request.app.state.streams.hold(f"job {job_id}"):
+        yield
+
+
+@router.get("/{job_id}/events", response_class=EventSourceResponse, dependencies=[Depends(stream_slot)],
             responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"},
-                       **NOT_FOUND})
+                       **NOT_FOUND, 503: {"description": "too many event streams open (on this job, or on this "
+                                                         "server process)"}})
 async def job_events(job: Annotated[Job, Depends(existing_job)], engine: EngineDep, request: Request,
                      last_event_id: Annotated[str | None, Header(max_length=64)] = None) -> AsyncIterator[ServerSentEvent]:
     """Server-Sent Events: `state` on every change of state or run, `epoch` for each epoch's metrics,
@@ -133,9 +162,13 @@ async def job_events(job: Annotated[Job, Depends(existing_job)], engine: EngineD
                 last_epoch = min(last_epoch, job.checkpoint_epoch or 0)
             sent_state = (job.state, job.claim)
             yield _event("state", JobPublic.from_job(job), job, last_epoch)
-        for m in await run_in_threadpool(queue.get_metrics, engine, job.id, last_epoch):
-            last_epoch = m["epoch"]
-            yield _event("epoch", m, job, last_epoch)
+        more = True
+        while more:  # a page at a time: a job that reported megabytes an epoch is never read whole
+            page, more = await run_in_threadpool(queue.metrics_page, engine, job.id, last_epoch, MAX_METRICS_PAGE,
+                                                 request.app.state.settings.max_list_bytes)
+            for m in page:
+                last_epoch = m["epoch"]
+                yield _event("epoch", m, job, last_epoch)
         if job.state in TERMINAL:
             yield _event("end", {"id": job.id, "state": job.state}, job, last_epoch)
             return
@@ -178,8 +211,9 @@ def job_result(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> Respo
                                             "exported with its input normalisation built in (onnx, pt2, torchscript)"},
                        **responses(not_found="no such job, or one without a model",
                                    conflict="the job has not succeeded, or its model cannot be rebuilt to export it",
-                                   gone="its files are gone")})
-async def job_artifact(job_id: JobId, engine: EngineDep, settings: SettingsDep,
+                                   gone="its files are gone"),
+                       503: {"description": "too many exports are waiting (TRAINYARD_EXPORT_QUEUE); see Retry-After"}})
+async def job_artifact(job_id: JobId, engine: EngineDep, settings: SettingsDep, request: Request,
                        format: Literal["safetensors", "pt", "meta", "onnx", "pt2", "torchscript"] = "safetensors"
                        ) -> Response:
     """The job's model. onnx, pt2 and torchscript take float32 rows of raw values, (N, width) like a
@@ -193,7 +227,8 @@ async def job_artifact(job_id: JobId, engine: EngineDep, settings: SettingsDep,
     media = "application/json" if format == "meta" else "application/octet-stream"
     try:
         if format in EXPORT_FILES:
-            key, name = await exports.exported(settings, job, format), f"job-{job_id}-{EXPORT_FILES[format]}"
+            key = await exports.exported(settings, job, format, gone=lambda: _hung_up(request))
+            name = f"job-{job_id}-{EXPORT_FILES[format]}"
         else:
             key = f"{job.artifact_path}/{ARTIFACT_FILES[format]}"
             name = ARTIFACT_FILES[format].replace("model", f"job-{job_id}-model").replace("meta", f"job-{job_id}-meta")
@@ -202,6 +237,12 @@ async def job_artifact(job_id: JobId, engine: EngineDep, settings: SettingsDep,
         if job.kind == "run":
             raise NotFound(f"run job {job_id} saved no model (ctx.save_model)") from None
         raise Gone(f"the artifact of job {job_id} is gone from {settings.store.describe()}") from None
+
+
+async def _hung_up(request: Request) -> None:
+    """Returns when the client has hung up (an export nobody waits for is stopped)."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(EVENTS_POLL_S)
 
 
 def _stored(store: storage.Store, key: str, media_type: str, filename: str | None = None) -> Response:
@@ -216,11 +257,37 @@ def _stored(store: storage.Store, key: str, media_type: str, filename: str | Non
     return StreamingResponse(store.stream(key), media_type=media_type, headers=headers)
 
 
-@router.get("/{job_id}/logs", response_class=PlainTextResponse, responses=NOT_FOUND)
-def job_logs(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> str:
+LOG_SIZE, LOG_START = "X-Log-Size", "X-Log-Start"
+MAX_LOG_BYTE = 1 << 50
+
+
+@router.get("/{job_id}/logs", response_class=PlainTextResponse,
+            responses={200: {"headers": {
+                LOG_SIZE: {"description": "the log's size in bytes when read", "schema": {"type": "integer"}},
+                LOG_START: {"description": "the byte of the log this answer starts at", "schema": {"type": "integer"}}}},
+                **NOT_FOUND})
+def job_logs(job_id: JobId, engine: EngineDep, settings: SettingsDep,
+             tail: Annotated[int | None, Query(ge=1, le=MAX_LOG_BYTE, description=(
+                 "the last this many bytes at most, from the first whole line in them"))] = None,
+             offset: Annotated[int, Query(ge=0, le=MAX_LOG_BYTE, description=(
+                 "from this byte on (to follow a log: the X-Log-Size of the last read)"))] = 0) -> Response:
+    """What the job printed, its worker's lines about it and its traceback, streamed from storage (never
+    whole in memory); the log itself is held to TRAINYARD_JOB_LOG_BYTES. X-Log-Size is the log's size
+    when read, X-Log-Start where this answer starts: a log that shrank below your offset was trimmed."""
+    if tail is not None and offset:
+        raise RequestValidationError([{"loc": ("query", "tail"), "msg": "give tail or offset, not both",
+                                       "type": "value_error", "input": tail}])
     queue.get_job(engine, job_id)
-    try:
-        return settings.store.read_bytes(settings.layout.rel(settings.layout.log(job_id))).decode("utf-8", "replace")
+    key = settings.layout.rel(settings.layout.log(job_id))
+    try:  # with tail, one byte more: whether the window starts a line
+        size, first, chunks = settings.store.read_range(key, offset, None if tail is None else tail + 1)
     except FileNotFoundError:
-        return ""
+        size, first, chunks = 0, 0, iter(())
+    lead = next(chunks, b"")
+    if tail is not None and size > tail:
+        cut = lead.find(b"\n", 0, len(lead)) + 1 or 1  # through the line the window starts in; else the extra byte
+        lead, first = lead[cut:], first + cut
+    headers = {LOG_SIZE: str(size), LOG_START: str(first), "Content-Length": str(size - first)}
+    return StreamingResponse(itertools.chain((lead,), chunks), media_type="text/plain; charset=utf-8",
+                             headers=headers)
 

@@ -1,5 +1,4 @@
 """Routes for sweeps: submit, list, read, trials, curves, events, cancel."""
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -12,13 +11,13 @@ from trainyard.app import sweeps
 from trainyard.app.api.deps import EngineDep, SettingsDep
 from trainyard.app.api.routes.jobs import as_json
 from trainyard.app.api.schemas import SweepPublic, SweepsPublic, TrialPublic, responses, sweep_fields
+from trainyard.app.errors import Conflict
 from trainyard.app.spec import MAX_ID, TRAIN_EXAMPLE, SweepSpec
-from trainyard.app.states import JobState
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 SweepId = Annotated[int, PathParam(ge=1, le=MAX_ID)]
 NOT_FOUND = responses(not_found="no such sweep")
-EVENTS_POLL_S = 0.5
+EVENTS_POLL_S = 0.5  # how often the hub reads a watched sweep
 
 EXAMPLE = {
     "name": "iris-lr", "job": {**TRAIN_EXAMPLE, "train": {**TRAIN_EXAMPLE["train"], "epochs": 30}},
@@ -34,14 +33,25 @@ def _sweep(engine, sweep_id: int, with_trials: bool = True) -> dict:
     return sweep_fields(row, sweeps.trials(engine, [sweep_id])[sweep_id], with_trials)
 
 
-@router.post("", status_code=201, response_model=SweepPublic)
+def watched(engine, sweep_id: int) -> dict:
+    """What the event stream follows: the sweep without its spec (never read whole for it), with its trials."""
+    return sweep_fields(sweeps.get_summary(engine, sweep_id), sweeps.trials(engine, [sweep_id])[sweep_id])
+
+
+@router.post("", status_code=201, response_model=SweepPublic,
+             responses=responses(conflict="as many sweeps as the server allows are running"))
 async def submit_sweep(spec: Annotated[SweepSpec, Body(openapi_examples={"tpe": {"summary": "TPE over lr and "
                                                                          "hidden sizes, median pruning",
                                                                          "value": EXAMPLE}})],
                        engine: EngineDep, settings: SettingsDep, request: Request) -> Response:
     """Start a sweep: its trials are jobs of the base job with the searched fields set (the first within
     a second). Bad paths, ranges on fields that are not numbers, values the job spec refuses and a grid
-    larger than max_trials are refused with 422 naming the field."""
+    larger than max_trials are refused with 422 naming the field; past TRAINYARD_MAX_RUNNING_SWEEPS sweeps
+    running, 409."""
+    running = len(await run_in_threadpool(sweeps.running, engine))
+    if running >= settings.max_running_sweeps:
+        raise Conflict(f"{running} sweeps are running, the limit (TRAINYARD_MAX_RUNNING_SWEEPS); wait for one to "
+                       "end, or cancel one")
     row = await run_in_threadpool(sweeps.create, engine, settings, spec)
     searcher = getattr(request.app.state, "searcher", None)
     if searcher is not None:
@@ -72,9 +82,16 @@ def sweep_trials(sweep_id: SweepId, engine: EngineDep) -> Response:
 
 
 @router.get("/{sweep_id}/curves", responses=NOT_FOUND)
-def sweep_curves(sweep_id: SweepId, engine: EngineDep) -> Response:
-    """Every trial's metric per epoch ([epoch, value] points), for one chart."""
-    return as_json(sweeps.curves(engine, sweep_id))
+def sweep_curves(sweep_id: SweepId, engine: EngineDep,
+                 since: Annotated[int, Query(ge=0, le=2**62, description="the `next` of the page before; 0: from the "
+                                             "start")] = 0,
+                 limit: Annotated[int, Query(ge=1, le=sweeps.MAX_CURVE_POINTS, description="points at most")]
+                 = sweeps.MAX_CURVE_POINTS) -> Response:
+    """Every trial's metric per epoch ([epoch, value] points), for one chart, a page at a time: the points
+    recorded after `since`, in the order they were recorded; `next` is the cursor of the next page (and, once
+    `more` is false, of the points that will come), so a client that keeps it reads each point once. An epoch
+    recorded again (a resumed run) comes again: its last point holds."""
+    return as_json(sweeps.curves(engine, sweep_id, since, limit))
 
 
 @router.post("/{sweep_id}/cancel", response_model=SweepPublic,
@@ -85,31 +102,19 @@ def cancel_sweep(sweep_id: SweepId, engine: EngineDep) -> Response:
     return as_json(_sweep(engine, sweep_id))
 
 
-async def existing_sweep(sweep_id: SweepId, engine: EngineDep) -> dict:
-    return await run_in_threadpool(sweeps.get, engine, sweep_id)
+async def stream_slot(sweep_id: SweepId, engine: EngineDep, request: Request) -> AsyncIterator[None]:
+    """The sweep (404 before a stream starts) and a slot for its stream (503 when the caps are reached)."""
+    await run_in_threadpool(sweeps.get_summary, engine, sweep_id)
+    with request.app.state.streams.hold(f"sweep {sweep_id}"):
+        yield
 
 
-@router.get("/{sweep_id}/events", response_class=EventSourceResponse,
-            responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}, **NOT_FOUND})
-async def sweep_events(row: Annotated[dict, Depends(existing_sweep)], engine: EngineDep,
-                       request: Request) -> AsyncIterator[ServerSentEvent]:
-    """Server-Sent Events: `sweep` (the sweep without its trials) whenever it changes, `trial` whenever a
-    trial's state, epoch or metric changes, then `end` when the sweep ends."""
-    sent_sweep, sent_trials = None, {}
-    while not await request.is_disconnected():
-        now = await run_in_threadpool(_sweep, engine, row["id"])
-        trials = now.pop("trials")
-        for t in trials:
-            seen = (t["state"], t["failure"], t["epoch"], t["value"], t["best"])
-            if sent_trials.get(t["trial"]) != seen:
-                sent_trials[t["trial"]] = seen
-                yield ServerSentEvent(event="trial", data=t)
-        summary = {k: v for k, v in now.items() if k not in ("spec",)}
-        if summary != sent_sweep:
-            sent_sweep = summary
-            yield ServerSentEvent(event="sweep", data={**now, "trials": None})
-        if now["state"] != sweeps.RUNNING and not any(t["state"] in (JobState.QUEUED, JobState.RUNNING)
-                                                      for t in trials):
-            yield ServerSentEvent(event="end", data={"id": now["id"], "state": now["state"]})
-            return
-        await asyncio.sleep(EVENTS_POLL_S)
+@router.get("/{sweep_id}/events", response_class=EventSourceResponse, dependencies=[Depends(stream_slot)],
+            responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}, **NOT_FOUND,
+                       503: {"description": "too many event streams open (on this sweep, or on this server process)"}})
+async def sweep_events(sweep_id: SweepId, request: Request) -> AsyncIterator[ServerSentEvent]:
+    """Server-Sent Events: `sweep` (the sweep without its spec and trials) whenever it changes, `trial` whenever
+    a trial's state, epoch or metric changes, then `end` when the sweep ends. The stream starts with every trial
+    as it stands. One read of the sweep per poll serves all of its streams (app/api/streams.py)."""
+    async for event in request.app.state.sweep_hub.events(sweep_id):
+        yield event

@@ -68,7 +68,8 @@ def _public(w: dict, now: float, lease_s: float) -> WorkerPublic:
                         state=workers_registry.worker_state(w, now, lease_s), job_id=w["job_id"],
                         started_at=ts(w["started_at"]), last_heartbeat=ts(w["last_heartbeat"]),
                         last_heartbeat_age_s=round(max(0.0, now - w["last_heartbeat"]), 3),
-                        torch=(w["stats"] or {}).get("torch"), draining=bool(w.get("draining")))
+                        torch=(w["stats"] or {}).get("torch"), draining=bool(w.get("draining")),
+                        unavailable=(w["stats"] or {}).get("unavailable"))
 
 
 @health_router.get("/healthz")

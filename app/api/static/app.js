@@ -93,14 +93,15 @@
     return { label: "", s: NaN };
   }
 
+  /** What the job is, from its `summary` (list items carry no spec: a prediction's rows were megabytes). */
   function jobSummary(job) {
-    const s = job.spec || {};
+    const s = job.summary || {};
     if (job.kind === "predict") {
-      const what = s.inputs ? `${s.inputs.length} rows` : s.data ? `${s.data.dataset}/${s.data.split || "val"}` : "";
+      const what = isNum(s.rows) ? `${s.rows} rows` : s.dataset ? `${s.dataset}/${s.split || "val"}` : "";
       return `model of job ${s.model_job}` + (what ? ` · ${what}` : "");
     }
     if (job.kind === "run") return `entrypoint ${s.entrypoint}`;
-    return [s.model && s.model.arch, s.data && s.data.dataset].filter(Boolean).join(" · ");
+    return [s.arch, s.dataset].filter(Boolean).join(" · ");
   }
 
   /** A metric of any scale: losses, accuracies, a run job's own numbers. */
@@ -152,11 +153,13 @@
 
   let token = loadToken();
 
+  /** The response's body; with options.withHeaders, {body, headers}. */
   async function api(path, options = {}) {
-    const headers = { Accept: "application/json", ...(options.headers || {}) };
+    const { withHeaders, ...init } = options;
+    const headers = { Accept: "application/json", ...(init.headers || {}) };
     if (token) headers.Authorization = `Bearer ${token}`;
     // Relative to the page (not "/jobs"), so that the dashboard also works behind a proxy under a path prefix.
-    const r = await fetch(path.replace(/^\//, ""), { ...options, headers, cache: "no-store", credentials: "omit" });
+    const r = await fetch(path.replace(/^\//, ""), { ...init, headers, cache: "no-store", credentials: "omit" });
     if (r.status === 401) throw new Unauthorized("the API wants a bearer token");
     if (!r.ok) {
       let detail = r.statusText;
@@ -167,7 +170,8 @@
       throw new ApiError(r.status, detail);
     }
     const type = r.headers.get("content-type") || "";
-    return type.includes("json") ? r.json() : r.text();
+    const body = type.includes("json") ? await r.json() : await r.text();
+    return withHeaders ? { body, headers: r.headers } : body;
   }
 
   // ---- polling and routing -----------------------------------------------------------------------
@@ -395,7 +399,7 @@
   }
 
   async function refreshList(current) {
-    const [jobs, devices] = await Promise.all([api("/jobs?limit=100&include=spec,result"), api("/devices")]);
+    const [jobs, devices] = await Promise.all([api("/jobs?limit=100&include=result"), api("/devices")]);
     if (!current()) return;
     syncRows($("jobs-body"), rows, jobs.data, makeRow, updateRow);
     $("jobs-empty").hidden = jobs.count > 0;
@@ -439,7 +443,9 @@
       w.draining ? " " : null,
       el("span", { class: "mono", text: w.id }), " ",
       el("span", { class: "muted", text: `${w.host}:${w.pid}` }), " · ", job,
-      el("span", { class: "muted hb", text: ` · heartbeat ${fmtDuration(w.last_heartbeat_age_s)} ago` }));
+      el("span", { class: "muted hb", text: ` · heartbeat ${fmtDuration(w.last_heartbeat_age_s)} ago` }),
+      // Why it cannot use its device (and the fix): it takes no job until it can.
+      w.unavailable ? el("div", { class: "unavailable", "data-testid": `worker-unavailable-${w.id}`, text: w.unavailable }) : null);
   }
 
   function workerList(workers) {
@@ -491,6 +497,8 @@
           { name: "torch reserved", cls: "seg-reserved", value: reserved, testid: `${id}-reserved` },
           { name: "torch allocated", cls: "seg-allocated", value: allocated, testid: `${id}-allocated` },
         ]),
+      // NVML could not read it, or a card in MIG mode without an instance.
+      d.problem ? el("p", { class: "problem", "data-testid": `${id}-problem`, text: d.problem }) : null,
       workerList(d.workers));
   }
 
@@ -517,7 +525,7 @@
     // One section per host (GPUs keyed by UUID on the host they are on); a host with no GPU and no
     // worker (an API-only container) is left out.
     let hosts = d.hosts || [{ host: null, cuda_devices: d.cuda_devices, cpu: d.cpu }];
-    const used = hosts.filter((h) => h.cuda_devices.length || (h.cpu.workers || []).length);
+    const used = hosts.filter((h) => h.cuda_devices.length || (h.cpu.workers || []).length || (h.other_workers || []).length);
     if (used.length) hosts = used;
     const many = hosts.length > 1;
     const gpus = `${d.cuda_devices.length} GPU(s)` + (many ? ` on ${hosts.length} hosts` : "");
@@ -525,12 +533,16 @@
     $("devices").replaceChildren(...hosts.flatMap((h) => [
       many ? el("h3", { class: "host", "data-testid": `host-${h.host}`, text: h.host }) : null,
       ...h.cuda_devices.map((g) => gpuCard(g, many ? h.host : null)),
+      // GPU workers on no GPU NVML lists (an unavailable worker, with its reason).
+      (h.other_workers || []).length ? el("article", { class: "device-card", "data-testid": `other-workers-${h.host}` },
+        el("h3", null, "GPU workers without a listed GPU"), workerList(h.other_workers)) : null,
       cpuCard(h.cpu, many ? h.host : null),
     ].filter(Boolean)));
   }
 
   // ---- one job -------------------------------------------------------------------------------------------
 
+  const LOG_TAIL_BYTES = 64 * 1024;
   const jobView = { id: null, buttons: null, progress: null, metricsKey: null, logKey: null, specKey: null };
 
   function resetJobView(id) {
@@ -580,6 +592,19 @@
     }
   }
 
+  /** Every epoch record of the job, a page at a time (the server bounds each page's bytes). */
+  async function allMetrics(id) {
+    const out = [];
+    let since = 0;
+    for (;;) {
+      const page = await api(`/jobs/${id}/metrics` + (since ? `?since=${since}` : ""), { withHeaders: true });
+      out.push(...page.body);
+      const next = page.headers.get("X-Next-Since");
+      if (next === null || !page.body.length) return out;
+      since = next;
+    }
+  }
+
   async function refreshJob(id, current) {
     const job = await readOrMissing(`/jobs/${id}`, "job-missing", `Job ${id}`, current);
     if (job === null) return;
@@ -589,8 +614,9 @@
     const wantMetrics = key !== jobView.metricsKey;
     const wantLog = running || key !== jobView.logKey;
     const [metrics, log] = await Promise.all([
-      wantMetrics ? api(`/jobs/${id}/metrics`) : null,
-      wantLog ? api(`/jobs/${id}/logs`) : null,
+      wantMetrics ? allMetrics(id) : null,
+      // Only the log's latest lines (it may be megabytes): GET /jobs/{id}/logs has the whole of it.
+      wantLog ? api(`/jobs/${id}/logs?tail=${LOG_TAIL_BYTES}`) : null,
     ]);
     if (!current() || jobView.id !== id) return;
 
@@ -760,6 +786,7 @@
   const sweepView = {
     id: null, sweep: null, cancel: null, progress: null, rows: new Map(), columnsKey: null,
     sort: { key: "trial", dir: 1 }, curvesKey: null, scatterKey: null, specKey: null, param: null,
+    curves: null, curvesSince: 0,
   };
 
   /** A pruned trial is a failed job whose error class is "pruned": shown as its own state. */
@@ -767,7 +794,8 @@
   const isBest = (t, sweep) => Boolean(t.best || (sweep.best && sweep.best.trial === t.trial));
 
   function resetSweepView(id) {
-    Object.assign(sweepView, { id, sweep: null, columnsKey: null, curvesKey: null, scatterKey: null, specKey: null });
+    Object.assign(sweepView, { id, sweep: null, columnsKey: null, curvesKey: null, scatterKey: null, specKey: null,
+                               curves: null, curvesSince: 0 });
     sweepView.rows = new Map();
     sweepView.sort = { key: "trial", dir: 1 };
     sweepView.cancel = el("button", {
@@ -806,13 +834,34 @@
     tick();
   }
 
+  // The server pages a sweep's curves (GET /sweeps/{id}/curves?since=): a refresh reads a few pages of the points
+  // recorded since the last, and the page keeps at most CURVE_POINTS of them.
+  const CURVE_PAGES = 5, CURVE_POINTS = 500000;
+
+  /** The sweep's curves with the points recorded since the last read merged in (an epoch's last point holds). */
+  async function readCurves(id) {
+    let held = sweepView.curves;
+    const count = () => held.trials.reduce((n, t) => n + t.points.length, 0);
+    for (let n = 0; n < CURVE_PAGES && !(held && count() >= CURVE_POINTS); n++) {
+      const page = await api(`/sweeps/${id}/curves?since=${sweepView.curvesSince}`);
+      if (sweepView.id !== id) return null;
+      const paged = typeof page.next === "number"; // else the whole curves, every time
+      const before = new Map(((paged && held) ? held.trials : []).map((t) => [t.trial, t.points]));
+      held = { ...page, trials: (page.trials || []).map((t) => ({ ...t, points: (before.get(t.trial) || []).concat(t.points || []) })) };
+      sweepView.curves = held;
+      if (paged) sweepView.curvesSince = page.next;
+      if (!page.more) break;
+    }
+    return held && count() >= CURVE_POINTS ? { ...held, more: false } : held;
+  }
+
   async function refreshSweep(id, current) {
     const sweep = await readOrMissing(`/sweeps/${id}`, "sweep-missing", `Sweep ${id}`, current);
     if (sweep === null) return;
     const trials = sweep.trials || [];
     // The curves change only when a trial reports an epoch or changes state.
     const curvesKey = JSON.stringify(trials.map((t) => [t.trial, t.state, t.failure, t.epoch, t.value, t.best]));
-    const curves = curvesKey !== sweepView.curvesKey ? await api(`/sweeps/${id}/curves`) : null;
+    const curves = curvesKey !== sweepView.curvesKey ? await readCurves(id) : null;
     if (!current() || sweepView.id !== id) return;
     sweepView.sweep = sweep;
 
@@ -850,7 +899,7 @@
       drawScatter();
     }
     if (curves) {
-      sweepView.curvesKey = curvesKey;
+      sweepView.curvesKey = curves.more ? null : curvesKey; // points left: read on at the next refresh
       const total = Math.max(0, ...trials.map((t) => t.epochs).filter(isNum)) || null;
       $("curves-chart-box").replaceChildren(curvesChart(curves, total, sweep.metric,
         TERMINAL.has(sweep.state) ? "no epochs recorded" : "no epochs yet"));

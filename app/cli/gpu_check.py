@@ -1,0 +1,208 @@
+"""`trainyard gpu-check`: a GPU host's truth in one command, one table and one exit status.
+
+From a checkout (`make gpu-check`) or in the image (`docker run --gpus all IMAGE gpu-check`), unattended:
+- probe: torch, its CUDA build, the devices torch and NVML see, and one kernel on cuda:0;
+- cuda-tests: every CUDA-marked test (`pytest -m cuda`) of the checkout's tests/ (the image carries a
+  copy under $VIRTUAL_ENV/share/trainyard/checks);
+- service: a training and then a predict job through the real service (server + a cuda:0 worker);
+- per-gpu: with two or more GPUs, one job per GPU at once, /devices showing each GPU (by UUID) with its worker;
+- ddp: with two or more GPUs, a 2-device job (DDP over NCCL) against the same job on one GPU;
+- throughput: bench.train_throughput --quick on cuda:0 against the hand-written loops.
+
+Each check runs as a process of its own, in a session of its own, under a time limit: when the limit
+passes, its whole process group (servers, workers, job processes) is stopped and the check is FAILED
+"timed out after N s", so a hung driver, rendezvous or job never hangs the command nor crashes it.
+This module is torch-free: the probe and the checks run in processes of their own (app/cli/gpu_steps.py).
+
+Exit status: 0 every check that ran passed; 1 a check failed (or timed out); 2 nothing could run
+(no CUDA device here). `--device cpu` runs the same checks on the CPU, to rehearse the command itself.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from trainyard.app.launcher import ROOT
+
+# Each check's time limit in seconds (`--timeout` sets one for all but the probe). The probe's covers a
+# cold CUDA initialisation of every GPU; the tests' covers compiling on the device.
+LIMITS = {"probe": 180, "cuda-tests": 1200, "service": 600, "per-gpu": 600, "ddp": 900, "throughput": 900}
+CHECKS = [c for c in LIMITS if c != "probe"]
+GRACE_S = 10  # after SIGTERM to a timed-out check's process group, before SIGKILL
+SHARE = Path("share", "trainyard", "checks")  # under sys.prefix: the image's copy of tests/ and bench/
+STEP = [sys.executable, "-m", "trainyard.app.cli.gpu_steps"]  # a check's process (app/cli/gpu_steps.py)
+
+
+def add_commands(sub) -> None:
+    g = sub.add_parser("gpu-check", help="on a GPU host: the CUDA tests, real jobs on each GPU, the throughput "
+                                         "benchmark; one table (exit 0 passed, 1 a check failed, 2 nothing could run)")
+    g.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cpu: run the same checks on the CPU (a rehearsal of the command; the CUDA tests are only "
+                        "collected)")
+    g.add_argument("--only", help=f"comma-separated checks to run, of {', '.join(CHECKS)} (default: all)")
+    g.add_argument("--timeout", type=float, help="seconds each check may take, instead of its own limit "
+                                                 "(10 to 20 minutes); the probe keeps its own")
+    g.add_argument("--checks-dir", type=Path, help="the folder holding tests/ and bench/ (default: this checkout, or "
+                                                   "the image's copy under $VIRTUAL_ENV/share/trainyard/checks)")
+    g.set_defaults(fn=cmd_gpu_check)
+
+
+def cmd_gpu_check(args) -> int:
+    only = set(args.only.split(",")) if args.only else set(CHECKS)
+    if unknown := only - set(CHECKS):
+        raise SystemExit(f"trainyard gpu-check: unknown check(s) {', '.join(sorted(unknown))}; "
+                         f"the checks are {', '.join(CHECKS)}")
+    checks_dir = args.checks_dir or find_checks_dir()
+    # None of this shell's TRAINYARD_* settings (the image sets a data dir, a host ...): the checks start
+    # services of their own, and the tests expect a clean environment, as in a checkout.
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}, "PYTHONUNBUFFERED": "1"}
+    if checks_dir:  # bench.* and tests.* importable by every check's processes, wherever they run
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checks_dir), env.get("PYTHONPATH")]))
+    limit = (lambda c: args.timeout) if args.timeout else LIMITS.get  # noqa: E731
+
+    ok, probed = run_check([*STEP, "probe"], LIMITS["probe"], env)
+    try:
+        info = json.loads(probed) if ok else {}
+    except ValueError:
+        ok, info, probed = False, {}, f"the probe printed no reading: {probed[:200]}"
+    rows = [("probe: torch and CUDA", "passed" if ok else "FAILED", _probe_line(info) if ok else probed)]
+    n = info.get("cuda_count", 0)
+    if args.device == "cpu":
+        devices, n = ["cpu"], 2  # the CPU stands in for each GPU
+    else:
+        devices = [f"cuda:{i}" for i in range(n)]
+    plan = [("cuda-tests", "CUDA-marked tests (pytest -m cuda)"),
+            ("service", f"a training and a predict job on {devices[0] if devices else 'cuda:0'} (service)"),
+            ("per-gpu", "one job per device at once (2 CPU workers)" if args.device == "cpu"
+             else f"one job per GPU at once ({n} GPUs)" if n else "one job per GPU at once"),
+            ("ddp", "a 2-device job (DDP) vs the same job on one device"),
+            ("throughput", f"throughput on {devices[0] if devices else 'cuda:0'} (bench.train_throughput --quick)")]
+    for check, name in plan:
+        if not ok:
+            rows.append((name, "skipped", "the probe failed"))
+        elif not devices:
+            rows.append((name, "skipped", f"no CUDA device here ({info.get('why')})"))
+        elif check not in only:
+            rows.append((name, "skipped", "not asked for (--only)"))
+        elif check in ("per-gpu", "ddp") and n < 2:
+            rows.append((name, "skipped", "one GPU on this host"))
+        elif check in ("cuda-tests", "throughput") and not checks_dir:
+            rows.append((name, "FAILED", "no tests/ and bench/ here: run it in a checkout or in the image, or "
+                                         "name them with --checks-dir"))
+        else:
+            # The check's own temporary folder (its services' data dirs and logs): removed when it passed,
+            # kept and named when it failed.
+            tmp = tempfile.mkdtemp(prefix=f"trainyard-gpu-check-{check}-")
+            passed, detail = run_check(_argv(check, devices, checks_dir, args.device), limit(check),
+                                       {**env, "TMPDIR": tmp}, cwd=checks_dir or ROOT)
+            if passed:
+                shutil.rmtree(tmp, ignore_errors=True)
+            rows.append((name, "passed", detail) if passed else (name, "FAILED", f"{detail} (its files: {tmp})"))
+    code = 1 if any(status == "FAILED" for _, status, _ in rows) else 0 if devices else 2
+    print_table(info, rows, checks_dir, code)
+    return code
+
+
+def find_checks_dir() -> Path | None:
+    """This checkout's root, or the copy of tests/ and bench/ the image keeps beside its environment."""
+    for d in (ROOT, Path(sys.prefix) / SHARE):
+        if (d / "tests" / "conftest.py").is_file() and (d / "bench" / "train_throughput.py").is_file():
+            return d
+    return None
+
+
+def cuda_test_files(checks_dir: Path) -> list[str]:
+    """The test files that hold CUDA-marked tests. Only they are collected: the others may import the test
+    extra (a browser driver, an S3 server ...), which the image does not carry."""
+    return sorted(str(p.relative_to(checks_dir)) for p in (checks_dir / "tests").glob("test_*.py")
+                  if re.search(r"\bmark\.cuda\b", p.read_text(errors="replace")))
+
+
+def _argv(check: str, devices: list[str], checks_dir: Path | None, device: str) -> list[str]:
+    if check == "cuda-tests":
+        return [*STEP, "cuda-tests", device, *cuda_test_files(checks_dir)]
+    if check == "throughput":
+        return [*STEP, "throughput", devices[0]]
+    if check == "per-gpu":
+        return [*STEP, "service", *(devices if device == "cuda" else ["cpu", "cpu"])]
+    if check == "ddp":
+        return [*STEP, "ddp", *(devices[:2] if device == "cuda" else ["cpu", "cpu"])]
+    return [*STEP, "service", devices[0]]
+
+
+def run_check(argv: list[str], limit: float, env: dict, cwd: Path = ROOT) -> tuple[bool, str]:
+    """Run one check's process in a session of its own: (passed, its last line of output, or why it failed).
+    Whatever the check started is stopped with it: at its limit, and after it exits (strays)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        # Files, not pipes: a stray grandchild holding a pipe open could block the read.
+        p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err, start_new_session=True, text=True)
+        try:
+            p.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            _stop(p)
+            return False, f"timed out after {limit:g} s"
+        except BaseException:  # Ctrl-C: the check's processes, in a session of their own, did not get it
+            _stop(p)
+            raise
+        _signal_group(p.pid, signal.SIGKILL)
+        out.seek(0)
+        err.seek(0)
+        last = (out.read().strip().splitlines() or [""])[-1]
+        if p.returncode == 0:
+            return True, last
+        tail = err.read().strip().splitlines()
+        return False, last or (tail[-1] if tail else f"exited with code {p.returncode}")
+
+
+def _stop(p: subprocess.Popen) -> None:
+    _signal_group(p.pid, signal.SIGTERM)
+    try:
+        p.wait(timeout=GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(p.pid, signal.SIGKILL)
+    p.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def print_table(info: dict, rows: list[tuple[str, str, str]], checks_dir: Path | None, code: int) -> None:
+    print("\n| | |\n|---|---|")
+    for k, v in (("GPUs", ", ".join(map(_gpu, info.get("nvml", []))) or "none (NVML)"),
+                 ("driver", info.get("driver") or "-"),
+                 ("torch", f"{info['torch']}, CUDA {info['cuda']}, cuDNN {info['cudnn']}" if info else "-"),
+                 ("torch.cuda.device_count()", str(info.get("cuda_count", "-"))),
+                 ("python", sys.version.split()[0]), ("tests from", str(checks_dir or "-"))):
+        print(f"| {k} | {_cell(v)} |")
+    print("\n| check | result | figures, or why |\n|---|---|---|")
+    for name, status, detail in rows:
+        print(f"| {name} | {status} | {_cell(detail)} |")
+    checks = [status for _, status, _ in rows[1:]]  # the probe is not one of them
+    print(f"\n{len(checks) - checks.count('skipped')} of {len(checks)} checks run, {checks.count('FAILED')} failed")
+    print(f"exit status {code}: " + ("every check that ran passed", "a check failed",
+                                     "nothing could run")[code])
+
+
+def _gpu(g: dict) -> str:
+    return (g.get("name") or f"GPU {g.get('nvml_index')}") + \
+        (f" ({g['memory_total'] / 2**30:.0f} GiB)" if g.get("memory_total") else "") + \
+        (f": {g['problem']}" if g.get("problem") else "")
+
+
+def _probe_line(info: dict) -> str:
+    return f"{info['cuda_count']} CUDA device(s)" + (f"; cuda:0 {info['names'][0]} ran a kernel" if info["names"]
+                                                     else f": {info['why']}")
+
+
+def _cell(text: str) -> str:
+    return re.sub(r"\s+", " ", str(text).replace("|", "/"))

@@ -1,0 +1,146 @@
+"""The processes of `trainyard gpu-check`'s checks (app/cli/gpu_check.py runs them, each under a time limit):
+`python -m trainyard.app.cli.gpu_steps CHECK ARGS` prints its one line of figures (or why it failed)
+last, and exits 0 when it passed. Only these processes import torch (the probe) or run jobs."""
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from trainyard.app.launcher import Service
+from trainyard.app.states import JobState
+
+JOB = {"kind": "train", "name": "gpu-check", "model": {"arch": "cifar_net"},
+       "data": {"dataset": "fake", "image_size": [3, 32, 32], "num_classes": 10, "size": 2000},
+       "train": {"epochs": 3, "batch_size": 64, "optimizer": "sgd", "lr": 0.01, "momentum": 0.9}}
+
+
+def job(device: str, **over) -> dict:
+    """JOB on the device; on the CPU (`--device cpu`, a rehearsal of the plumbing, not of the figures) on a
+    fifth of the images."""
+    data = {**JOB["data"], "size": JOB["data"]["size"] // (5 if device == "cpu" else 1)}
+    return {**JOB, "data": data, "device": device, **over}
+
+
+def probe() -> tuple[bool, str]:
+    import torch  # this process only: the command stays torch-free, and a hung CUDA init hangs only this
+
+    from trainyard.app import hardware
+    nvml = hardware.nvml_devices() or []
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+            "driver": f"{nvml[0].get('driver_version')} (supports CUDA {nvml[0].get('cuda_driver_version')})"
+            if nvml else None, "nvml": nvml, "names": [], "cuda_count": 0,
+            "why": "torch.cuda.is_available() is False" + ("" if nvml else "; no NVIDIA driver (NVML)")}
+    if torch.version.cuda is None:
+        info["why"] = f"torch {torch.__version__} is a CPU-only build"
+    elif torch.cuda.is_available():
+        info["cuda_count"] = torch.cuda.device_count()
+        info["names"] = [torch.cuda.get_device_name(i) for i in range(info["cuda_count"])]
+        x = torch.ones(1024, device="cuda:0")
+        assert (x + x).sum().item() == 2048  # a context, a kernel, a copy back
+    return True, json.dumps(info)
+
+
+def cuda_tests(device: str, *files: str) -> tuple[bool, str]:
+    if not files:
+        return False, "no CUDA-marked tests found in tests/"
+    t0 = time.monotonic()
+    # On the CPU (a rehearsal) they are collected only: found, and importable with what is installed.
+    r = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rfEs", "-p", "no:cacheprovider",
+                        *(["--collect-only"] if device == "cpu" else []), *files], capture_output=True, text=True)
+    lines = r.stdout.strip().splitlines() or ["(no output)"]
+    summary = f"{lines[-1].strip('= ')} ({time.monotonic() - t0:.0f} s)"
+    failures = [ln for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
+    if r.returncode != 0:
+        return False, "; ".join(failures[:3] + [summary])
+    if device != "cpu" and " passed" not in summary:
+        return False, f"no CUDA test ran: {summary}; {'; '.join(ln for ln in lines if ln.startswith('SKIPPED'))[:300]}"
+    return True, summary
+
+
+def service_job(*devices: str) -> tuple[bool, str]:
+    """One training job per device, at once, each on its own worker; then a predict job on the first."""
+    svc = Service.isolated(Path(tempfile.mkdtemp(prefix="service-")) / "data")
+    try:
+        svc.start_server()
+        for d in devices:
+            svc.start_worker(d, wait=False)
+        svc.wait_until(lambda: len(svc.client().get("/workers").json()) == len(devices), 180, "workers")
+        t0 = time.monotonic()
+        ids = [svc.submit(job(d))["id"] for d in devices]
+        jobs = [svc.wait_state(i, timeout=3600) for i in ids]
+        wall = time.monotonic() - t0
+        if bad := [j for j in jobs if j["state"] != JobState.SUCCEEDED]:
+            return False, f"job {bad[0]['id']} {bad[0]['state']}: {bad[0]['error']}"
+        parts = []
+        for d, j in zip(devices, jobs):
+            sps = (j["latest_metrics"] or {}).get("samples_per_s") or 0
+            parts.append(f"{d}: acc {j['result']['val_accuracy']:.2f}, {sps:,.0f} samples/s, peak allocated "
+                         f"{(j['peak_memory_allocated'] or 0) / 2**20:.0f} MiB")
+            if j["device"] != d or (d.startswith("cuda") and not j["peak_memory_allocated"]):
+                return False, f"job {j['id']} ran on {j['device']} with peak {j['peak_memory_allocated']}"
+        with svc.client() as c:
+            devs = c.get("/devices").json()
+        held = {g["uuid"] for g in devs["cuda_devices"] if g["workers"]}
+        gpus = sum(d.startswith("cuda") for d in devices)
+        if len(held) != gpus:
+            return False, f"/devices shows {len(held)} GPUs (by UUID) with a worker, not {gpus}"
+        pred = svc.wait_state(svc.submit({"kind": "predict", "model_job": ids[0], "device": devices[0],
+                                          "inputs": [[128.0] * 3072], "top_k": 3})["id"], timeout=3600)
+        if pred["state"] != JobState.SUCCEEDED:
+            return False, f"predict job {pred['state']}: {pred['error']}"
+        return True, f"{'; '.join(parts)}; {wall:.1f} s submit to all succeeded; predict ok"
+    finally:
+        svc.stop()
+
+
+def two_device_job(*devices: str) -> tuple[bool, str]:
+    """The same job on one device and on two (DDP, half the per-device batch: the same steps), through
+    the service on two workers; both must succeed, the second on two distinct devices."""
+    svc = Service.isolated(Path(tempfile.mkdtemp(prefix="service-")) / "data")
+    kind = "cpu" if devices[0] == "cpu" else "cuda"
+    try:
+        svc.start_server()
+        for d in devices:
+            svc.start_worker(d, wait=False)
+        svc.wait_until(lambda: len(svc.client().get("/workers").json()) == len(devices), 180, "workers")
+        half = {**JOB["train"], "batch_size": JOB["train"]["batch_size"] // 2}
+        one = svc.wait_state(svc.submit(job(kind))["id"], timeout=3600)
+        two = svc.wait_state(svc.submit(job(kind, devices=2, train=half))["id"], timeout=3600)
+        for j in (one, two):
+            if j["state"] != JobState.SUCCEEDED:
+                return False, f"job {j['id']} {j['state']}: {j['error']}"
+        ranks = [r["device"] for r in two["ranks"] or []]
+        if len(ranks) != 2 or (kind == "cuda" and len(set(ranks)) != 2) or two["result"]["devices"] != 2:
+            return False, f"the 2-device job ran on {ranks} (result devices {two['result'].get('devices')})"
+        rate = lambda j: j["result"]["samples_per_s"] or 0.0  # noqa: E731
+        return True, (f"2 ranks on {', '.join(ranks)}: {rate(two):,.0f} samples/s, "
+                      f"acc {two['result']['val_accuracy']:.2f}; "
+                      f"1 device: {rate(one):,.0f} samples/s, acc {one['result']['val_accuracy']:.2f}; "
+                      f"{rate(two) / max(rate(one), 1e-9):.2f}x")
+    finally:
+        svc.stop()
+
+
+def throughput(device: str) -> tuple[bool, str]:
+    r = subprocess.run([sys.executable, "-m", "bench.train_throughput", "--quick", "--device", device],
+                       capture_output=True, text=True)
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and "x |" in line]
+    if r.returncode != 0 or not rows:
+        return False, (r.stderr.strip().splitlines() or ["no table"])[-1]
+    ratios = [f"{cells[0]} vs {cells[2]}: {cells[4]}" for cells in
+              ([c.strip() for c in row.strip("|").split("|")] for row in rows)]
+    return True, "service / hand-written loop, samples/s: " + "; ".join(ratios)
+
+
+STEPS = {"probe": probe, "cuda-tests": cuda_tests, "service": service_job, "ddp": two_device_job,
+         "throughput": throughput}
+
+if __name__ == "__main__":
+    try:
+        passed, line = STEPS[sys.argv[1]](*sys.argv[2:])
+    except Exception as exc:  # a check that cannot finish is a failed check, with its reason on one line
+        passed, line = False, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
+    print(line)
+    sys.exit(0 if passed else 1)
