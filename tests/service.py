@@ -33,3 +33,20 @@ def serving(data_dir: Path, workers: int = 1, env: dict | None = None,
         yield svc
     finally:
         svc.stop()
+
+
+def probe_plugin(root: Path, module: str, source: str, entrypoints: tuple[str, ...]) -> Path:
+    """A plugin of `run` entrypoints written to root (a module plus its dist-info, found by importlib.metadata
+    as an installed package's would be): put root on a worker's PYTHONPATH to install it there."""
+    (root / f"{module}.py").write_text(source)
+    dist = root / f"{module}-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[trainyard.entrypoints]\n" + "".join(
+        f"{name} = {module}:{name}\n" for name in entrypoints))
+    return root
+
+
+def run_job(entrypoint: str, **config) -> dict:
+    """A `run` job of entrypoint on the CPU."""
+    return {"kind": "run", "entrypoint": entrypoint, "device": "cpu", "config": config}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.service import serving
+from tests.service import probe_plugin, run_job, serving
 from tests.test_limits_api import peak_rss, reset_peak
 from trainyard.app.api.routes.jobs import NEXT_SINCE
 from trainyard.app.spec import MAX_METRIC_KEYS, MAX_METRIC_NAME
@@ -56,14 +56,7 @@ def meta(ctx, config):
 
 @pytest.fixture(scope="module")
 def probes(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("probes")
-    (root / "trainyard_list_probes.py").write_text(PROBES)
-    dist = root / "trainyard_list_probes-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: trainyard-list-probes\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[trainyard.entrypoints]\n" + "".join(
-        f"{name} = trainyard_list_probes:{name}\n" for name in ("loud", "around", "meta")))
-    return root
+    return probe_plugin(tmp_path_factory.mktemp("probes"), "trainyard_list_probes", PROBES, ("loud", "around", "meta"))
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +64,6 @@ def live(probes, tmp_path_factory):
     with serving(tmp_path_factory.mktemp("lists") / "data", env={"TRAINYARD_MAX_LIST_BYTES": str(LIST_BYTES)},
                  worker_env={"PYTHONPATH": str(probes)}) as svc:
         yield svc
-
-
-def run_job(entrypoint: str, **config) -> dict:
-    return {"kind": "run", "entrypoint": entrypoint, "device": "cpu", "config": config}
 
 
 def test_the_dashboards_list_poll_over_big_predict_jobs_is_bounded(live):

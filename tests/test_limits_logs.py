@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service import serving
+from tests.service import probe_plugin, run_job, serving
 from tests.test_limits_api import peak_rss, reset_peak
 
 pytestmark = pytest.mark.slow
@@ -78,14 +78,7 @@ def scratch(ctx, config):
 
 @pytest.fixture(scope="module")
 def probes(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("probes")
-    (root / "trainyard_probes.py").write_text(PROBES)
-    dist = root / "trainyard_probes-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: trainyard-probes\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[trainyard.entrypoints]\n" + "".join(
-        f"{name} = trainyard_probes:{name}\n" for name in ("chatty", "daemon", "scratch")))
-    return root
+    return probe_plugin(tmp_path_factory.mktemp("probes"), "trainyard_probes", PROBES, ("chatty", "daemon", "scratch"))
 
 
 @pytest.fixture(scope="module")
@@ -93,10 +86,6 @@ def live(probes, tmp_path_factory):
     with serving(tmp_path_factory.mktemp("logs") / "data", env={"TRAINYARD_JOB_LOG_BYTES": str(CAP)},
                  worker_env={"PYTHONPATH": str(probes)}) as svc:
         yield svc
-
-
-def run_job(entrypoint: str, **config) -> dict:
-    return {"kind": "run", "entrypoint": entrypoint, "device": "cpu", "config": config}
 
 
 def gone(pid: int) -> bool:
