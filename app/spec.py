@@ -541,6 +541,12 @@ def catalog(plugins: list[dict] | None = None) -> dict:
 SWEEP_METHODS = ("grid", "random", "tpe")
 MAX_SWEEP_TRIALS = 1000
 MAX_GRID_VALUES = 10_000  # a parameter's values the grid enumerates (an int range's length, say)
+DEFAULT_TRIALS = 20  # a random or tpe sweep's trials without max_trials
+
+
+def range_count(low: float, high: float, step: float) -> int:
+    """How many values a stepped range holds, low and high included (1e-9: (0.3 - 0.1) / 0.1 < 2)."""
+    return int(math.floor((high - low) / step + 1e-9)) + 1
 # A sweep's choice values, all its parameters together: each is checked as a whole job at submit, and
 # the study holds each trial's choice of them (app/search.py journals an index into them, not the value).
 MAX_CHOICE_VALUES = 1000
@@ -666,7 +672,7 @@ class SweepSpec(_Strict):
         """Trials to make: max_trials, 20 by default; a grid's size at most (each combination once)."""
         if self.method == "grid":
             return min(self.grid_size(), self.max_trials or MAX_SWEEP_TRIALS)
-        return self.max_trials or 20
+        return self.max_trials or DEFAULT_TRIALS
 
     def grid(self) -> dict[str, list]:
         """Every parameter's values, for the grid: choices, int ranges, and float ranges with a step."""
@@ -678,7 +684,7 @@ class SweepSpec(_Strict):
             if p.log or (isinstance(p, FloatParam) and p.step is None):
                 raise ValueError(f"parameters.{path}: a grid takes choices, int ranges and float ranges with a step; "
                                  "this range has no finite set of values")
-            n = int(math.floor((p.high - p.low) / p.step + 1e-9)) + 1  # 1e-9: (0.3 - 0.1) / 0.1 < 2
+            n = range_count(p.low, p.high, p.step)
             if n > MAX_GRID_VALUES:
                 raise ValueError(f"parameters.{path}: {n:,} values is over the grid's {MAX_GRID_VALUES:,}")
             out[path] = [p.low + i * p.step for i in range(n)] if isinstance(p, IntParam) \

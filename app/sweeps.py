@@ -21,6 +21,7 @@ from trainyard.app.errors import Conflict, Invalid, NotFound
 from trainyard.app.records import Job
 from trainyard.app.settings import Settings
 from trainyard.app.spec import (
+    DEFAULT_TRIALS,
     HIGHER_IS_BETTER,
     INTEGER,
     MAX_CHOICE_BYTES,
@@ -33,6 +34,7 @@ from trainyard.app.spec import (
     SweepSpec,
     field_kind,
     job_spec_adapter,
+    range_count,
     with_params,
 )
 from trainyard.app.states import Failure, JobState, error_record
@@ -158,13 +160,13 @@ def summary(spec: dict) -> dict:
 def _planned(method: str, max_trials: int | None, parameters) -> int:
     """SweepSpec.trials of a stored spec; parameters() gives its parameters, called only for a grid."""
     if method != "grid":
-        return max_trials or 20
+        return max_trials or DEFAULT_TRIALS
     size = 1
     for p in parameters().values():
         if p["type"] == "choice":
             size *= len(p["values"])
         else:  # an int range, or a float range with a step (a grid has no other)
-            size *= int(math.floor((p["high"] - p["low"]) / (p.get("step") or 1) + 1e-9)) + 1
+            size *= range_count(p["low"], p["high"], p.get("step") or 1)
     return min(size, max_trials or MAX_SWEEP_TRIALS)
 
 

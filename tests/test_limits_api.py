@@ -22,12 +22,21 @@ pytestmark = pytest.mark.slow
 MiB = 1 << 20
 
 
+def _status_bytes(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field}")
+
+
+def rss(pid: int) -> int:
+    """The process's resident memory now (VmRSS)."""
+    return _status_bytes(pid, "VmRSS")
+
+
 def peak_rss(pid: int) -> int:
     """The process's peak resident memory (VmHWM) since the last reset_peak()."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM")
+    return _status_bytes(pid, "VmHWM")
 
 
 def reset_peak(pid: int) -> None:

@@ -15,6 +15,7 @@ from sqlalchemy import insert, text, update
 from bench.common import postgres_schema
 from tests.conftest import tiny_job
 from tests.service import Service
+from tests.test_limits_api import rss
 from trainyard.app import queue
 from trainyard.app.db import jobs, make_engine, metrics, sweeps, write
 from trainyard.app.spec import SweepSpec, TrainJob
@@ -33,11 +34,6 @@ def live(tmp_path_factory):
     yield svc
     svc.engine.dispose()
     svc.stop()
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
 
 def cpu_s(pid: int) -> float:

@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import tiny_job
 from tests.service import Service
+from tests.test_limits_api import rss
 
 pytestmark = pytest.mark.slow
 
@@ -24,11 +25,6 @@ def live(tmp_path_factory):
     yield svc
     svc.db.close()
     svc.stop()
-
-
-def rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
 
 def post(svc, path: str, body) -> tuple[int, dict]:
