@@ -4,8 +4,8 @@ Everything here is dialect-neutral: the same tables and statements run on SQLite
 default) and PostgreSQL (several hosts sharing one queue).
 """
 import json
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from sqlalchemy import (
     JSON,

@@ -30,7 +30,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from trainyard.app.errors import Conflict, TrainyardError, Unavailable
-from trainyard.app.launcher import ROOT
 from trainyard.app.layout import ARTIFACT_FILES, EXPORT_FILES
 from trainyard.app.records import Job
 from trainyard.app.settings import Settings
@@ -201,7 +200,7 @@ async def _run_export(artifact_dir: str, fmt: str, out: str, job_id: int) -> tup
     # CUDA hidden: an export needs no GPU, and must not take memory on one the workers train on.
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "trainyard.worker.export", artifact_dir, fmt, out,
-        cwd=ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _, err = await asyncio.wait_for(proc.communicate(), EXPORT_TIMEOUT_S)

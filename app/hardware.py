@@ -12,9 +12,10 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from trainyard.app import device_names
 from trainyard.app import workers as workers_registry
@@ -44,7 +45,7 @@ def _nvml():
         state.update(pid=os.getpid(), module=None, failed_at=0.0)
         try:
             state["module"] = _init_nvml()
-        except Exception:  # noqa: BLE001 - no driver, no library: no GPUs to read
+        except Exception:
             state["failed_at"] = time.monotonic()
         return state["module"]
 
@@ -57,12 +58,12 @@ def nvml_devices() -> list[dict[str, Any]] | None:
         return None
     try:
         count, driver = nv.nvmlDeviceGetCount(), _s(nv.nvmlSystemGetDriverVersion())
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
     try:
         v = nv.nvmlSystemGetCudaDriverVersion_v2()  # 12080: the newest CUDA the driver supports is 12.8
         cuda_driver = f"{v // 1000}.{v % 1000 // 10}"
-    except Exception:  # noqa: BLE001
+    except Exception:
         cuda_driver = None
     return gpu_entries(count, lambda i: _read_card(nv, i), driver, cuda_driver)
 
@@ -74,14 +75,14 @@ def _read_card(nv, i: int) -> dict[str, Any]:
     major, minor = nv.nvmlDeviceGetCudaComputeCapability(h)
     try:
         util = nv.nvmlDeviceGetUtilizationRates(h).gpu
-    except Exception:  # noqa: BLE001 - not supported on every card (nor on one in MIG mode)
+    except Exception:
         util = None
     card = {"nvml_index": i, "name": _s(nv.nvmlDeviceGetName(h)), "uuid": _s(nv.nvmlDeviceGetUUID(h)),
             "compute_capability": f"{major}.{minor}", "memory_total": mem.total, "memory_used": mem.used,
             "memory_free": mem.free, "utilization_gpu": util}
     try:
         mig_mode, _pending = nv.nvmlDeviceGetMigMode(h)
-    except Exception:  # noqa: BLE001 - a card without MIG
+    except Exception:
         mig_mode = None
     if mig_mode == nv.NVML_DEVICE_MIG_ENABLE:
         card["mig"] = []
@@ -108,7 +109,7 @@ def gpu_entries(count: int, read: Callable[[int], dict], driver: str | None,
         base = {"nvml_index": i, "driver_version": driver, "cuda_driver_version": cuda_driver}
         try:
             card = read(i)
-        except Exception as exc:  # noqa: BLE001 - one bad card (fallen off the bus, Xid) is that card's problem
+        except Exception as exc:
             out.append({**{k: None for k in GPU_FIELDS}, **base, "problem": f"NVML could not read it: {exc}"})
             continue
         migs = card.pop("mig", None)

@@ -13,11 +13,7 @@ from pathlib import Path
 
 import httpx
 
-import trainyard
 from trainyard.app.client import TERMINAL
-
-# Where `python -m trainyard` is importable from: this checkout (or the installed package's parent).
-ROOT = Path(trainyard.__file__).resolve().parent.parent
 
 
 def free_port() -> int:
@@ -54,7 +50,7 @@ class Service:
             log = self.log_dir / f"{name}.out"
             self.logs.append(log)
             out = open(log, "ab")
-        return subprocess.Popen([sys.executable, "-m", "trainyard", *args], cwd=ROOT, env={**self.env, **(env or {})},
+        return subprocess.Popen([sys.executable, "-m", "trainyard", *args], env={**self.env, **(env or {})},
                                 stdout=out, stderr=subprocess.STDOUT if out else None)
 
     def start_server(self, wait: bool = True, log_level: str = "warning", processes: int = 1) -> "Service":

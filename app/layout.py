@@ -14,9 +14,9 @@ Torch-free: the API and the worker both use it.
 """
 import fcntl
 import re
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from trainyard.app.errors import Invalid, NotFound
 

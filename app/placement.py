@@ -87,7 +87,7 @@ def helpers(conn: Connection, worker_id: str, device: str, count: int, lease_s: 
     taken = {k for (k,) in conn.execute(select(jobs.c.gpu_key).where(jobs.c.state == RUNNING,
                                                                     jobs.c.gpu_key.is_not(None)))}
     own = conn.execute(select(workers.c.stats).where(workers.c.id == worker_id)).scalar() or {}
-    taken.add(((own.get("slot") or {}).get("key")))
+    taken.add((own.get("slot") or {}).get("key"))
     chosen = []
     for w in conn.execute(q):
         key = ((w.stats or {}).get("slot") or {}).get("key", w.id)

@@ -11,8 +11,9 @@ what a job may name and the claim sends each job only to a worker that has its p
 """
 import importlib.metadata
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 GROUPS = {"models": "trainyard.models", "datasets": "trainyard.datasets", "entrypoints": "trainyard.entrypoints"}
 # What a plugin may be called: it travels in specs, log lines and the claim's SQL parameters.

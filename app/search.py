@@ -20,9 +20,10 @@ import logging
 import threading
 import time
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution

@@ -494,7 +494,7 @@ class RunJob(_MultiDevice):
     _config = field_validator("config")(classmethod(lambda cls, v: _bounded_params(v)))
 
 
-JobSpec = Annotated[Union[TrainJob, PredictJob, RunJob], Field(discriminator="kind")]
+JobSpec = Annotated[TrainJob | PredictJob | RunJob, Field(discriminator="kind")]
 job_spec_adapter: TypeAdapter = TypeAdapter(JobSpec)
 
 
@@ -616,7 +616,7 @@ def _check_range(low, high, log, step) -> None:
         raise ValueError("a log-scale range takes no step")
 
 
-SweepParam = Annotated[Union[FloatParam, IntParam, ChoiceParam], Field(discriminator="type")]
+SweepParam = Annotated[FloatParam | IntParam | ChoiceParam, Field(discriminator="type")]
 
 
 class MedianPruner(_Strict):
@@ -635,8 +635,8 @@ class AshaPruner(_Strict):
     reduction_factor: int = Field(3, ge=2, le=100, description="1 in reduction_factor trials is promoted")
 
 
-PrunerSpec = Annotated[Union[MedianPruner, AshaPruner], Field(discriminator="type")]
-BaseJob = Annotated[Union[TrainJob, RunJob], Field(discriminator="kind")]
+PrunerSpec = Annotated[MedianPruner | AshaPruner, Field(discriminator="type")]
+BaseJob = Annotated[TrainJob | RunJob, Field(discriminator="kind")]
 
 
 class SweepSpec(_Strict):

@@ -20,9 +20,9 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import urlsplit
 
 from trainyard.app.errors import Unavailable

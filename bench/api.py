@@ -36,8 +36,8 @@ from contextlib import nullcontext
 
 import httpx
 
-from bench.common import TINY_JOB, CpuMeter, env_line, load_note, pct, postgres_schema, service, table, verdict
-from trainyard.app.launcher import ROOT, free_port
+from bench.common import ROOT, TINY_JOB, CpuMeter, env_line, load_note, pct, postgres_schema, service, table, verdict
+from trainyard.app.launcher import free_port
 from trainyard.app.states import JobState
 
 RATE, CONCURRENCY = 200, 8

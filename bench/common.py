@@ -9,12 +9,14 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
-from trainyard.app.launcher import ROOT, Service
+from trainyard.app.launcher import Service
 from trainyard.app.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout the benchmarks run from
 
 # The production defaults, not tests.service's FAST_ENV (short leases, 0.5 s heartbeats), so that
 # background writes happen as often as they would in a real deployment. TRAINYARD_POLL_S is left

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from bench.common import PROD_ENV
+from bench.common import PROD_ENV, ROOT
 from bench.train_throughput import rate
-from trainyard.app.launcher import ROOT, Service
+from trainyard.app.launcher import Service
 from trainyard.app.states import JobState
 
 JOB = {"kind": "train", "name": "bench-ddp", "model": {"arch": "cifar_net"},

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from bench.cases import CASES, YARDSTICKS
-from bench.common import PROD_ENV
-from trainyard.app.launcher import ROOT, Service
+from bench.common import PROD_ENV, ROOT
+from trainyard.app.launcher import Service
 from trainyard.app.states import JobState
 
 

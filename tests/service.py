@@ -1,11 +1,13 @@
 """The real service for integration tests: app.launcher's Service with test timings, on a free port."""
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from trainyard.app import launcher
 from trainyard.app.client import TERMINAL  # noqa: F401 - re-exported for the tests
-from trainyard.app.launcher import ROOT, free_port  # noqa: F401 - re-exported for the tests
+from trainyard.app.launcher import free_port  # noqa: F401 - re-exported for the tests
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: README, examples/, bench/
 
 # Small timings so that lease expiry and recovery happen within a test's patience.
 FAST_ENV = {"TRAINYARD_LEASE_S": "3", "TRAINYARD_HEARTBEAT_S": "0.5", "TRAINYARD_GRACE_S": "20"}

@@ -25,7 +25,7 @@ def timed_wait(listener: wakeup.Listener, timeout: float) -> tuple[bool, float]:
     return woken, time.monotonic() - t0
 
 
-def test_a_queue_change_wakes_an_idle_worker_at_once(engine):  # noqa: F811
+def test_a_queue_change_wakes_an_idle_worker_at_once(engine):
     listener = wakeup.Listener(engine, "w1")
     try:
         assert timed_wait(listener, 0.3) == (False, pytest.approx(0.3, abs=0.15))  # nothing happens: it sleeps
@@ -42,7 +42,7 @@ def test_a_queue_change_wakes_an_idle_worker_at_once(engine):  # noqa: F811
         listener.close()
 
 
-def test_no_wake_up_for_a_transaction_that_rolled_back(engine):  # noqa: F811
+def test_no_wake_up_for_a_transaction_that_rolled_back(engine):
     listener = wakeup.Listener(engine, "w1")
 
     def aborted():
@@ -61,7 +61,7 @@ def test_no_wake_up_for_a_transaction_that_rolled_back(engine):  # noqa: F811
         listener.close()
 
 
-def test_a_stop_request_interrupts_the_wait(engine):  # noqa: F811
+def test_a_stop_request_interrupts_the_wait(engine):
     listener = wakeup.Listener(engine, "w1")
     try:
         t = later(0.2, listener.interrupt)

@@ -9,8 +9,9 @@ import json
 import os
 import tempfile
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import safetensors.torch
 import torch

@@ -18,7 +18,7 @@ Normalize, as the classic CIFAR recipe writes it, would pad with black instead.
 """
 import hashlib
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

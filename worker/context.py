@@ -3,9 +3,10 @@
 The training and inference code only sees this object, never the database or the supervisor,
 so it can be run and tested in-process on the CPU.
 """
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -74,7 +75,7 @@ class JobContext:
             return None
         try:
             return artifacts.load_checkpoint(self.resume_path, map_location)
-        except Exception as exc:  # noqa: BLE001 - whatever makes it unreadable, the job starts over
+        except Exception as exc:
             if not self._restarted:
                 self._restarted = True
                 why = "it does not exist" if isinstance(exc, FileNotFoundError) else \

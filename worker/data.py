@@ -8,9 +8,9 @@ moved there once.
 import gzip
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -217,7 +217,7 @@ def _torchvision(class_name: str, class_names: list[str]) -> Callable[[DataSpec,
                 cls = getattr(torchvision.datasets, class_name)
                 try:
                     parts = [_open_torchvision(cls, raw_dir, train) for train in (True, False)]
-                except Exception as e:  # noqa: BLE001 - URLError, RuntimeError, md5 mismatches...
+                except Exception as e:
                     raise JobError(
                         f"dataset {spec.dataset!r} is not available: its files are not in {raw_dir} and downloading "
                         f"them failed ({type(e).__name__}: {e}). Put the torchvision {class_name} files "

@@ -4,9 +4,10 @@ Training's val_accuracy and an evaluate job on the same split go through evaluat
 the same model and data, so they agree exactly.
 """
 import math
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any, ContextManager
 
 import torch
 import torch.nn.functional as F

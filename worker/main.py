@@ -336,7 +336,7 @@ class Worker:
         if run.outcome == "succeeded":
             try:
                 self.settings.store.delete_prefix(self.settings.layout.rel(self.settings.layout.checkpoints(job.id)))
-            except Exception as exc:  # noqa: BLE001 - leftover checkpoints cost space, not correctness
+            except Exception as exc:
                 log.warning("job %s: could not delete its checkpoints: %s", job.id, exc)
 
     def _fetch_log(self, job_id: int) -> None:
@@ -347,7 +347,7 @@ class Worker:
                 store.fetch(self.settings.layout.rel(self.settings.layout.log(job_id)), refresh=True)
             except FileNotFoundError:
                 pass
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.warning("job %s: earlier log not fetched from %s: %s", job_id, store.describe(), exc)
 
 

@@ -16,8 +16,8 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Callable
 
 import torch
 

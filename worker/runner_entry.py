@@ -37,7 +37,7 @@ def build_info(conn) -> None:
             for i in range(info["cuda_device_count"]):
                 p = torch.cuda.get_device_properties(i)
                 info["cuda_devices"].append({"uuid": str(p.uuid), "name": p.name, "total_memory": p.total_memory})
-        except Exception as exc:  # noqa: BLE001 - the worker reports it as the device's problem
+        except Exception as exc:
             info["cuda_error"] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
     conn.send(info)
     conn.close()

@@ -109,7 +109,7 @@ def download(url: str, path: Path) -> None:
     socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)  # torch.hub's urlopen has none: an offline host would hang
     try:
         torch.hub.download_url_to_file(url, str(path), digest.group(1) if digest else None, progress=False)
-    except Exception as e:  # noqa: BLE001 - offline, refused, a bad hash, a full disk: the job cannot start
+    except Exception as e:
         raise JobError(f"model.weights: {path} is missing and could not be downloaded from {url} "
                        f"({type(e).__name__}: {str(e)[:200]}); place that file at that path (the directory is "
                        f"$TORCH_HOME/hub/checkpoints) on the worker's host, or let the worker reach the URL") from None

@@ -138,7 +138,7 @@ class JobRun:
             if (stat.st_size, stat.st_mtime_ns) != self.published:
                 store.publish(self.log_path)
                 self.published = (stat.st_size, stat.st_mtime_ns)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.warning("job %s: log not published to %s: %s", self.job.id, store.describe(), exc)
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -312,7 +312,7 @@ class JobRun:
         store = self.worker.settings.store
         try:
             store.delete(store.layout.rel(path))
-        except Exception as exc:  # noqa: BLE001 - a leftover file costs space, not correctness
+        except Exception as exc:
             log.warning("job %s: could not delete old checkpoint %s: %s", self.job.id, path, exc)
 
     def handle(self, event: dict) -> None:

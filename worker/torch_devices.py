@@ -191,7 +191,7 @@ def fit_cpu_threads(model: nn.Module, sample: torch.Tensor, batch_size: int, dev
     if threads > 1:
         try:
             small = step_flops(model, sample, batch_size) < SMALL_STEP_FLOPS
-        except Exception:  # noqa: BLE001 - a model the counter cannot run keeps its threads; training will tell
+        except Exception:
             small = False
         if small:
             torch.set_num_threads(threads := 1)
@@ -227,7 +227,7 @@ def compile_model(model: nn.Module, wanted: bool, example: torch.Tensor, applied
         # DDP: no gradient sync is prepared for a backward that never comes.
         with (model.no_sync() if isinstance(model, nn.parallel.DistributedDataParallel) else nullcontext()):
             compiled(example)
-    except Exception as e:  # noqa: BLE001 - any compiler failure means "run eager"
+    except Exception as e:
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         applied["compile"] = "fell back to eager"
         applied["compile_error"] = f"{type(e).__name__}: {first_line}"

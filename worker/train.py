@@ -18,9 +18,10 @@ any step boundary when the worker asks the job to stop.
 """
 import math
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager
+from typing import Any, ContextManager
 
 import torch
 from torch import nn

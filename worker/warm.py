@@ -7,7 +7,7 @@ would start OpenMP's thread pool, and a process forked after that can hang on it
 op. Nor may it touch CUDA: each job would inherit a broken context. Nothing but the fork server
 imports this module.
 """
-import torch._dynamo  # noqa: F401
+import torch._dynamo
 import torch.optim  # noqa: F401
 import torchvision  # noqa: F401
 

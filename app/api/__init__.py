@@ -14,9 +14,9 @@ from trainyard.app.api import errors
 from trainyard.app.api.deps import require_token
 from trainyard.app.api.guard import RequestGuard
 from trainyard.app.api.reads import LoopReader
-from trainyard.app.api.streams import StreamSlots, SweepHub
 from trainyard.app.api.routes import dashboard, datasets, jobs, sweeps, system
 from trainyard.app.api.schemas import UNAUTHORIZED
+from trainyard.app.api.streams import StreamSlots, SweepHub
 from trainyard.app.db import make_engine
 from trainyard.app.settings import Settings, get_settings
 

@@ -11,7 +11,8 @@ through SQLAlchemy's asyncio extension, measured no cheaper than the hop), on a 
 does not ping each connection before use: a read is retried once on a fresh connection instead when
 the server has dropped the one it took (a restart, a failover), which costs a round trip only then.
 """
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine

@@ -1,6 +1,6 @@
 """Wire types of the REST API (apart from the tables): JobPublic, JobsPublic, MetricPublic, WorkerPublic,
 SweepPublic, TrialPublic."""
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -16,7 +16,7 @@ _BULKY = ("predictions", "confusion_matrix", "per_class_accuracy")
 
 
 def ts(v: float | None) -> datetime | None:
-    return datetime.fromtimestamp(v, tz=timezone.utc) if v is not None else None
+    return datetime.fromtimestamp(v, tz=UTC) if v is not None else None
 
 
 class Progress(BaseModel):

@@ -27,14 +27,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from trainyard.app.launcher import ROOT
-
 # Each check's time limit in seconds (`--timeout` sets one for all but the probe). The probe's covers a
 # cold CUDA initialisation of every GPU; the tests' covers compiling on the device.
 LIMITS = {"probe": 180, "cuda-tests": 1200, "service": 600, "per-gpu": 600, "ddp": 900, "throughput": 900}
 CHECKS = [c for c in LIMITS if c != "probe"]
 GRACE_S = 10  # after SIGTERM to a timed-out check's process group, before SIGKILL
 SHARE = Path("share", "trainyard", "checks")  # under sys.prefix: the image's copy of tests/ and bench/
+# A checkout's root: this file is app/cli/gpu_check.py there (reached as trainyard/app/cli/gpu_check.py).
+CHECKOUT = Path(__file__).resolve().parents[2]
 STEP = [sys.executable, "-m", "trainyard.app.cli.gpu_steps"]  # a check's process (app/cli/gpu_steps.py)
 
 
@@ -63,7 +63,7 @@ def cmd_gpu_check(args) -> int:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}, "PYTHONUNBUFFERED": "1"}
     if checks_dir:  # bench.* and tests.* importable by every check's processes, wherever they run
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checks_dir), env.get("PYTHONPATH")]))
-    limit = (lambda c: args.timeout) if args.timeout else LIMITS.get  # noqa: E731
+    limit = (lambda c: args.timeout) if args.timeout else LIMITS.get
 
     ok, probed = run_check([*STEP, "probe"], LIMITS["probe"], env)
     try:
@@ -99,7 +99,7 @@ def cmd_gpu_check(args) -> int:
             # kept and named when it failed.
             tmp = tempfile.mkdtemp(prefix=f"trainyard-gpu-check-{check}-")
             passed, detail = run_check(_argv(check, devices, checks_dir, args.device), limit(check),
-                                       {**env, "TMPDIR": tmp}, cwd=checks_dir or ROOT)
+                                       {**env, "TMPDIR": tmp}, cwd=checks_dir or CHECKOUT)
             if passed:
                 shutil.rmtree(tmp, ignore_errors=True)
             rows.append((name, "passed", detail) if passed else (name, "FAILED", f"{detail} (its files: {tmp})"))
@@ -110,7 +110,7 @@ def cmd_gpu_check(args) -> int:
 
 def find_checks_dir() -> Path | None:
     """This checkout's root, or the copy of tests/ and bench/ the image keeps beside its environment."""
-    for d in (ROOT, Path(sys.prefix) / SHARE):
+    for d in (CHECKOUT, Path(sys.prefix) / SHARE):
         if (d / "tests" / "conftest.py").is_file() and (d / "bench" / "train_throughput.py").is_file():
             return d
     return None
@@ -135,7 +135,7 @@ def _argv(check: str, devices: list[str], checks_dir: Path | None, device: str) 
     return [*STEP, "service", devices[0]]
 
 
-def run_check(argv: list[str], limit: float, env: dict, cwd: Path = ROOT) -> tuple[bool, str]:
+def run_check(argv: list[str], limit: float, env: dict, cwd: Path = CHECKOUT) -> tuple[bool, str]:
     """Run one check's process in a session of its own: (passed, its last line of output, or why it failed).
     Whatever the check started is stopped with it: at its limit, and after it exits (strays)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:

@@ -107,7 +107,7 @@ def cmd_up(args) -> int:
     _schema_ready(settings, "up")  # once, before the server and the workers start together
     n_gpus = visible_cuda_count()
     devices = [device_names.cuda(i) for i in range(n_gpus)] if n_gpus else ["cpu"] * args.cpu_workers
-    # The processes start elsewhere (launcher.ROOT): they get this directory's data dir, resolved here.
+    # Resolved here: the processes see the same data dir whatever directory they are started from.
     env = {**os.environ, "TRAINYARD_DATA_DIR": str(settings.data_dir.resolve())}
     svc = Service(env, args.port or settings.port, host=args.host or settings.host)
     svc.start_server(wait=False, log_level="info")

@@ -12,7 +12,8 @@ import json
 import re
 import sys
 import time
-from typing import Any, BinaryIO, Callable
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 from rich.console import Console, Group
 from rich.markup import escape

@@ -40,7 +40,7 @@ def _header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str) -> tuple[tuple
             version = npy.read_magic(member)
             read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
             shape, _fortran, dtype = read(member)
-    except Exception as e:  # noqa: BLE001 - not an .npy, a corrupt header, a zlib error...
+    except Exception as e:
         raise refuse("file", f"array {key!r} is not readable ({type(e).__name__}: {e})") from None
     if dtype.hasobject:
         raise refuse("file", f"array {key!r} holds Python objects, which would need unpickling; only numeric "
@@ -52,7 +52,7 @@ def _array(zf: zipfile.ZipFile, info: zipfile.ZipInfo, key: str) -> np.ndarray:
     try:
         with zf.open(info) as member:
             return npy.read_array(member, allow_pickle=False)
-    except Exception as e:  # noqa: BLE001 - truncated data, CRC errors...
+    except Exception as e:
         raise refuse("file", f"array {key!r} is not readable ({type(e).__name__}: {e})") from None
 
 

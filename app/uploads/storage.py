@@ -15,7 +15,7 @@ import secrets
 import shutil
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
@@ -78,7 +78,7 @@ def _write(store_: Store, x: np.ndarray, y: np.ndarray, meta: dict, limits: Limi
             np.savez_compressed(out, x=x, y=y)
             out.flush()
             os.fsync(out.fileno())
-        meta = {"id": upload_id, **meta, "created_at": datetime.now(timezone.utc).isoformat(),
+        meta = {"id": upload_id, **meta, "created_at": datetime.now(UTC).isoformat(),
                 "stored_bytes": (tmp / UPLOAD_DATA_FILE).stat().st_size}
         (tmp / UPLOAD_META_FILE).write_text(json.dumps(meta, indent=1))
         with locked(layout.dataset_lock("uploads")):  # a file lock: several servers may share the data dir
