@@ -1,5 +1,5 @@
 # The two quick-start commands: `make run` (set up, then server + worker) and `make test`
-# (set up, then the whole test suite). Both create ./.venv on first use.
+# (set up, then ruff, mypy and the whole test suite). Both create ./.venv on first use.
 # The project needs Python 3.11 (requires-python): python3.11 where it is on PATH, else python3,
 # and a clear error before anything is installed when that is another version.
 PYTHON ?= $(shell command -v python3.11 || echo python3)
@@ -13,7 +13,7 @@ define need_311
 	  $(2) exit 1; }
 endef
 
-.PHONY: setup run test bench gpu-check clean
+.PHONY: setup run lint test bench gpu-check clean
 
 $(BIN)/python:
 	$(call need_311,$(PYTHON))
@@ -34,7 +34,13 @@ setup: $(BIN)/.installed
 run: setup
 	$(BIN)/trainyard up
 
-test: setup
+# Lint and type checks ([tool.ruff] and [tool.mypy] in pyproject.toml); mypy keeps its cache in the venv,
+# so a second run only rechecks what changed.
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/mypy --cache-dir $(VENV)/.mypy_cache
+
+test: setup lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: setup
@@ -59,4 +65,4 @@ gpu-check: $(BIN)/.installed-gpu-check
 	$(BIN)/trainyard gpu-check $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf $(VENV) trainyard-data .pytest_cache
+	rm -rf $(VENV) trainyard-data .pytest_cache .ruff_cache .mypy_cache

@@ -1,6 +1,6 @@
 """Admission: what a well-formed job must also satisfy, against the service's state, before it is queued.
 
-The spec (app/spec.py) checks a job on its own. Here it is checked against what exists: the
+The spec (app/spec/) checks a job on its own. Here it is checked against what exists: the
 dataset it names, the plugins it needs (installed here or on a live worker), the model job a
 prediction uses or a training starts from (init_from), and the limits that keep one small request
 from costing the service gigabytes (parameters of the model, values a prediction returns). The
@@ -9,11 +9,12 @@ answer says what the job needs of the worker that will claim it.
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 
-from trainyard.app import model_size, placement, plugins, queue, uploads
+from trainyard.app import job_reads, model_size, placement, plugins, uploads
 from trainyard.app import workers as registry
 from trainyard.app.errors import Invalid, NotFound
 from trainyard.app.layout import ARTIFACT_FILES
@@ -119,13 +120,13 @@ class Check:
                 raise Invalid(f"{spec.model.arch} on {spec.data.dataset} has {n:,} parameters; the limit is "
                               f"{self.settings.max_parameters:,} (TRAINYARD_MAX_PARAMETERS)", loc=("model",))
         if spec.init_from is not None:
-            self.starting_point(spec, shape[0] if shape else None)
+            self.starting_point(spec, spec.init_from, shape[0] if shape else None)
         return admitted
 
-    def starting_point(self, spec: TrainJob, input_shape: tuple[int, ...] | None) -> None:
+    def starting_point(self, spec: TrainJob, init_from: int, input_shape: tuple[int, ...] | None) -> None:
         """init_from names a model of the same architecture, weight-shaping fields and input shape: only the
         classifier head may differ (its number of classes), and the worker re-makes it."""
-        at, source = ("init_from",), self.model_of(spec.init_from, "init_from")
+        at, source = ("init_from",), self.model_of(init_from, "init_from")
         if source["arch"] != spec.model.arch:
             raise Invalid(f"init_from job {spec.init_from} is a {source['arch']} model; this job's model is a "
                           f"{spec.model.arch} (fine-tuning keeps the architecture)", loc=at)
@@ -156,14 +157,15 @@ class Check:
         if spec.data is not None:
             self.dataset(DataSpec(dataset=spec.data.dataset, params=spec.data.params), ("data", "dataset"), admitted)
             return admitted
+        inputs = spec.inputs or []  # the spec gives inputs where it gives no data
         width = math.prod(model["input_shape"]) if model.get("input_shape") else None
-        if width is not None and len(spec.inputs[0]) != width:
-            raise Invalid(f"inputs rows have {len(spec.inputs[0])} values; model_job {spec.model_job} takes {width} "
+        if width is not None and len(inputs[0]) != width:
+            raise Invalid(f"inputs rows have {len(inputs[0])} values; model_job {spec.model_job} takes {width} "
                           f"(input shape {list(model['input_shape'])})", loc=("inputs",))
         classes = model.get("num_classes") or 0
         per_row = min(spec.top_k, classes) if spec.top_k else classes
-        if len(spec.inputs) * per_row > self.settings.max_predict_values:
-            raise Invalid(f"{len(spec.inputs)} rows x {per_row} probabilities is over the limit of "
+        if len(inputs) * per_row > self.settings.max_predict_values:
+            raise Invalid(f"{len(inputs)} rows x {per_row} probabilities is over the limit of "
                           f"{self.settings.max_predict_values:,} values a prediction returns "
                           f"(TRAINYARD_MAX_PREDICT_VALUES); send fewer rows or set top_k", loc=("inputs",))
         return admitted
@@ -173,7 +175,7 @@ class Check:
         num_classes (from the job or its meta.json)."""
         at = (field,)
         try:
-            job = queue.get_job(self.engine, job_id)
+            job = job_reads.get_job(self.engine, job_id)
         except NotFound:
             raise Invalid(f"{field} {job_id} does not exist", loc=at) from None
         if job.kind == "predict":
@@ -204,7 +206,8 @@ class Check:
 
 # What shapes a built-in model's weights besides its head, with the defaults worker/nets.py builds
 # (activation and dropout do not); a plugin's params may shape anything.
-_SHAPING = {"mlp": {"hidden": [64]}, "cnn": {"channels": [32, 64], "kernel_size": 3, "batch_norm": True}}
+_SHAPING: dict[str, dict[str, Any]] = {"mlp": {"hidden": [64]},
+                                       "cnn": {"channels": [32, 64], "kernel_size": 3, "batch_norm": True}}
 
 
 def _shaping(model: ModelSpec) -> dict:
@@ -219,7 +222,11 @@ _WHAT = {"models": "architecture", "datasets": "dataset", "entrypoints": "entryp
 
 def admit(engine: Engine, settings: Settings, spec: TrainJob | PredictJob | RunJob) -> Admitted:
     check = Check(engine, settings)
-    return {"train": check.train, "predict": check.predict, "run": check.run}[spec.kind](spec)
+    if isinstance(spec, TrainJob):
+        return check.train(spec)
+    if isinstance(spec, PredictJob):
+        return check.predict(spec)
+    return check.run(spec)
 
 
 def why_waiting(engine: Engine, settings: Settings, found: list[Job]) -> dict[int, str | None]:

@@ -118,7 +118,7 @@ workers = Table(
 )
 
 
-# A search over a job's fields (app/sweeps.py, app/search.py). Its trials are jobs (jobs.sweep_id).
+# A search over a job's fields (app/sweep_store.py, app/search.py). Its trials are jobs (jobs.sweep_id).
 sweeps = Table(
     "sweeps", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
@@ -135,7 +135,7 @@ sweeps = Table(
     Column("driver_until", Float),
 )
 
-# The sweep's Optuna study, as the log of Optuna's JournalStorage (app/search.py): replaying it
+# The sweep's Optuna study, as the log of Optuna's JournalStorage (app/study.py): replaying it
 # rebuilds the study in any process, so a sweep outlives the server that started it.
 sweep_log = Table(
     "sweep_log", metadata,
@@ -184,7 +184,8 @@ def make_engine(url: str, pre_ping: bool = True) -> Engine:
         # A session left idle inside a transaction (its process frozen: SIGSTOP, a paused VM) is ended by
         # the server after this long, so the row locks it holds cannot hold the queue up for longer.
         parsed = make_url(url)  # options the URL sets (a search_path, say) are kept beside ours
-        options = " ".join(filter(None, (parsed.query.get("options"),
+        given = parsed.query.get("options")  # a tuple when the URL repeats it
+        options = " ".join(filter(None, (*((given,) if isinstance(given, str) else given or ()),
                                          f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}")))
         engine = create_engine(parsed.difference_update_query(["options"]), pool_size=8, max_overflow=16,
                                pool_pre_ping=pre_ping, connect_args={"options": options},

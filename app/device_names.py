@@ -34,7 +34,8 @@ def for_worker(name: str, cuda_count: int) -> str:
         raise ValueError(f"device must be auto, cpu, cuda or cuda:N, not {name!r}")
     if name == "auto":
         return cuda(0) if cuda_count > 0 else "cpu"
-    return "cpu" if name == "cpu" else cuda(cuda_index(name))
+    index = cuda_index(name)
+    return "cpu" if index is None else cuda(index)
 
 
 def accepted_by(worker_device: str) -> list[str]:

@@ -166,7 +166,7 @@ async def _export(settings: Settings, job: Job, fmt: str, key: str) -> None:
         returncode, err = await _run_export(str(out.parent), fmt, str(out), job.id)
         _last_s = time.monotonic() - started
     except TimeoutError:
-        failure = ExportFailed(f"exporting job {job.id} to {fmt} took longer than {EXPORT_TIMEOUT_S} s")
+        failure: TrainyardError = ExportFailed(f"exporting job {job.id} to {fmt} took longer than {EXPORT_TIMEOUT_S} s")
         await asyncio.to_thread(_remember, store, out, failure)
         raise failure from None
     finally:
@@ -212,4 +212,4 @@ async def _run_export(artifact_dir: str, fmt: str, out: str, job_id: int) -> tup
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
-    return proc.returncode, err
+    return await proc.wait(), err  # it has exited: wait() only reads its status

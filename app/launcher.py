@@ -54,15 +54,15 @@ class Service:
                                 stdout=out, stderr=subprocess.STDOUT if out else None)
 
     def start_server(self, wait: bool = True, log_level: str = "warning", processes: int = 1) -> "Service":
-        self.server = self._spawn(["serve", "--host", self.host, "--port", str(self.port), "--log-level", log_level,
-                                   "--workers", str(processes)], "server")
+        self.server = server = self._spawn(["serve", "--host", self.host, "--port", str(self.port),
+                                            "--log-level", log_level, "--workers", str(processes)], "server")
         if wait:
-            self.wait_until(self._healthy, 60, "the server to answer /healthz")
+            self.wait_until(lambda: self._healthy(server), 60, "the server to answer /healthz")
         return self
 
-    def _healthy(self) -> bool:
-        if self.server.poll() is not None:
-            raise RuntimeError(f"server exited with code {self.server.returncode}\n{self.output()}")
+    def _healthy(self, server: subprocess.Popen) -> bool:
+        if server.poll() is not None:
+            raise RuntimeError(f"server exited with code {server.returncode}\n{self.output()}")
         try:
             return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
         except httpx.TransportError:
@@ -129,7 +129,8 @@ class Service:
         while not stopping:
             for p in self.processes():
                 if p.poll() is not None:
-                    print(f"trainyard: {p.args[3]} exited with code {p.returncode}; stopping the rest", file=sys.stderr)
+                    what = "serve" if p is self.server else "worker"
+                    print(f"trainyard: {what} exited with code {p.returncode}; stopping the rest", file=sys.stderr)
                     return p.returncode or 1
             time.sleep(0.2)
         return 0

@@ -4,7 +4,7 @@ A worker claims for a slot: its device (workers with one key share a GPU) and th
 device offers jobs that state theirs (`resources.gpu_memory_gb`). A job on several devices
 (`devices: N`) is claimed by one idle worker that borrows N-1 other idle workers of its host and
 kind (`helpers`): their devices become the job's other ranks, and they claim nothing while that
-run lasts. The queue's claim uses the SQL conditions here; the API uses `why_waiting` to tell a
+run lasts. The queue's claim uses the SQL conditions here (`startable`); the API uses `why_waiting` to tell a
 client why a job has not started.
 
 A job counts for more than it states on a GPU: its process's CUDA context (the driver's code, cuBLAS
@@ -132,6 +132,24 @@ def head(device, plugins, worker_id, slot):
             .with_for_update(skip_locked=True).scalar_subquery())
 
 
+def startable(conn: Connection, device: str, plugins: dict[str, list[str]] | None, worker_id: str | None,
+              slot: Slot | None, lease_s: float, lock: bool) -> tuple[int, list[dict]] | None:
+    """The job at the head of this worker's line, if it can start now, and the other ranks it would
+    borrow (none for a one-device job). A head that cannot start holds the worker back (no backfill)."""
+    first = conn.execute(select(jobs.c.id, jobs.c.devices).where(
+        jobs.c.id == head(device, plugins, worker_id, slot), fits_now(slot))).first()
+    if first is None:
+        return None
+    if slot is not None and device != "cpu" and slot.key in lent_gpus(conn):
+        return None  # this worker's GPU is a rank of another worker's multi-device job
+    if (first.devices or 1) == 1:
+        return first.id, []
+    if worker_id is None:
+        return None
+    others = helpers(conn, worker_id, device, first.devices - 1, lease_s, lock=lock)
+    return None if others is None else (first.id, others)
+
+
 def why_waiting(job: Job, live_workers: list[dict[str, Any]]) -> str | None:
     """Why a queued job cannot start on any live worker, ever, as things stand (a worker that joins
     may change that); None when some live worker could take it and it is only waiting its turn.
@@ -153,13 +171,14 @@ def why_waiting(job: Job, live_workers: list[dict[str, Any]]) -> str | None:
     cands = [w for w in cands if not w.get("draining")]
     if not cands:
         return f"every live worker for device {job.device_req} is draining"
-    if (job.devices or 1) > 1:
+    devices = job.devices or 1
+    if devices > 1:
         per_host: dict[tuple[str, bool], int] = {}
         for w in cands:
             group = (w["host"], w["device"] == "cpu")
             per_host[group] = per_host.get(group, 0) + 1
         most, (host, _) = max((n, g) for g, n in per_host.items())
-        if most < job.devices:
+        if most < devices:
             return (f"needs {job.devices} devices of one host; the most live, undrained workers of one kind on "
                     f"one host is {most} ({host})")
     for kind, need in (("models", job.need_model), ("datasets", job.need_dataset),

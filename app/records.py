@@ -1,10 +1,10 @@
-"""The job record: one row of the jobs table as a frozen, typed object that crosses every seam
-(queue -> API, queue -> supervisor -> job process). Plain types only, so pickling one into a job
-process does not drag SQLAlchemy along."""
+"""The job and sweep records: one row of the jobs (sweeps) table as a frozen, typed object that crosses every
+seam (queue -> API, queue -> supervisor -> job process; sweep store and reads -> driver, API). Plain types
+only, so pickling one into a job process does not drag SQLAlchemy along."""
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, TypedDict
 
-from trainyard.app.states import JobState
+from trainyard.app.states import JobState, SweepState
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,7 @@ class Job:
     @classmethod
     def from_values(cls, m: dict[str, Any]) -> "Job":
         """From a row's values by column name (its JSON columns parsed)."""
-        values = {name: m.get(name) for name in _FIELD_NAMES}  # a column left unread is None
+        values: dict[str, Any] = {name: m.get(name) for name in _FIELD_NAMES}  # a column left unread is None
         values["state"] = JobState(values["state"])
         values["errors"] = values["errors"] or []
         return cls(**values)
@@ -66,3 +66,42 @@ class Job:
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(Job))
+
+
+class SweepPlan(TypedDict):
+    """What a sweep's stored spec says of its plan (app/sweep_results.summary): lists and events show it
+    without the spec."""
+    method: str
+    metric: str
+    direction: str
+    max_trials: int       # SweepSpec.trials: the trials it makes in all
+    max_concurrent: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    id: int
+    name: str | None
+    state: SweepState
+    created_at: float
+    finished_at: float | None
+    error: str | None            # why it failed or ended; while it runs, why a trial waits
+    trial_count: int             # trials made so far
+    summary: SweepPlan
+    spec: dict[str, Any] | None = None  # as submitted (validated then, never again); None: read without it
+    driver: str | None = None    # the server process that advances it, until driver_until (database clock)
+    driver_until: float | None = None
+
+    @classmethod
+    def from_values(cls, m: dict[str, Any], summary: SweepPlan) -> "Sweep":
+        """From a row's values by column name (the spec left out of a row read without it)."""
+        values: dict[str, Any] = {name: m.get(name) for name in _SWEEP_FIELDS if name != "summary"}
+        values["state"] = SweepState(values["state"])
+        return cls(**values, summary=summary)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Its fields by name, the spec not copied (it may be most of a request body)."""
+        return {name: getattr(self, name) for name in _SWEEP_FIELDS}
+
+
+_SWEEP_FIELDS = tuple(f.name for f in fields(Sweep))

@@ -1,37 +1,45 @@
-"""Job states and failure classes, defined once (str enums: the JSON and the database hold the same strings)."""
-from enum import Enum
+"""Job and sweep states and failure classes, defined once (str enums: the JSON and the database hold the same
+strings)."""
+from enum import StrEnum
 
 
-class JobState(str, Enum):
+class JobState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
 
-    def __str__(self) -> str:
-        return self.value
-
 
 TERMINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class SweepState(StrEnum):
+    """A sweep runs until its trials are done (succeeded: one completed with its metric; failed), or it is
+    cancelled; app/sweep_store.py alone changes it."""
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+SWEEP_STATES = tuple(s.value for s in SweepState)
 
 # A worker's state beside idle, busy, stopping and stopped: alive (it heartbeats) but unable to use its
 # device (no CUDA, a driver too old, a device that failed under a job); it claims nothing.
 WORKER_UNAVAILABLE = "unavailable"
 
 
-class Failure(str, Enum):
+class Failure(StrEnum):
     """Why a run failed; the class decides whether the job is tried again."""
     JOB = "job"                        # the job's own error (a spec that does not fit the data, a NaN loss)
-    INFRASTRUCTURE = "infrastructure"  # its worker was lost (lease expired), its object store or its device failed: tried again
+    INFRASTRUCTURE = "infrastructure"  # its worker was lost (lease expired), its object store or its device
+    #                                    failed: tried again
     OOM = "oom"                        # out of memory (CUDA, or the job's host-memory budget)
     CRASHED = "crashed"                # the job process died by a signal or exited without a word
     TIMEOUT = "timeout"                # past the job's timeout_s
     CANCELLED = "cancelled"            # by request
     PRUNED = "pruned"                  # a sweep's trial stopped early for doing worse than the others
-
-    def __str__(self) -> str:
-        return self.value
 
 
 # Only a lost worker is retried automatically: the job's own error, an out-of-memory or a crash

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from trainyard.app.errors import Unavailable
@@ -109,7 +110,9 @@ class S3Store(Store):
     def __init__(self, layout: Layout, bucket: str, prefix: str = ""):
         super().__init__(layout)
         self.bucket, self.prefix = bucket, prefix.strip("/") + "/" if prefix.strip("/") else ""
-        self._client, self._pid, self._lock = None, None, threading.Lock()
+        self._client: Any = None  # boto3's client (no type information), made per process
+        self._pid: int | None = None
+        self._lock = threading.Lock()
 
     def describe(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}"
@@ -234,7 +237,8 @@ def parse_url(url: str) -> tuple[str, str]:
     """s3://bucket/prefix -> (bucket, prefix); ValueError naming what is wrong."""
     parts = urlsplit(url)
     if parts.scheme != "s3":
-        raise ValueError(f"TRAINYARD_STORAGE_URL {url!r}: expected s3://bucket/prefix (or unset, for the data directory)")
+        raise ValueError(f"TRAINYARD_STORAGE_URL {url!r}: expected s3://bucket/prefix "
+                         "(or unset, for the data directory)")
     if not parts.netloc:
         raise ValueError(f"TRAINYARD_STORAGE_URL {url!r}: names no bucket")
     return parts.netloc, parts.path.strip("/")

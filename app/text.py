@@ -1,4 +1,4 @@
-"""Client text on terminals: the control characters a name may not carry (app/spec.py refuses them at
+"""Client text on terminals: the control characters a name may not carry (app/spec/ refuses them at
 submit), and client text with them made visible (the CLI prints every client string so).
 
 A terminal acts on what it is sent: ESC ] 52 sets the clipboard, ESC ] 0 the window title, ESC [ 2J

@@ -15,9 +15,13 @@ import os
 import select
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
+
+if TYPE_CHECKING:
+    import psycopg
 
 CHANNEL = "trainyard_queue"
 _PENDING = "trainyard_wake"
@@ -82,7 +86,7 @@ class Listener:
         os.set_blocking(self._interrupt_w, False)
         self._sock: socket.socket | None = None
         self._path: Path | None = None
-        self._pg = None
+        self._pg: psycopg.Connection | None = None
         if engine.dialect.name == "postgresql":
             self._listen_pg()
         else:

@@ -4,14 +4,14 @@ Run: `.venv/bin/python -m bench.api [--quick] [--processes N] [--backend sqlite|
 repository root.
 
 Setup, per backend (default: both, one after the other in one run): `trainyard serve` on a fresh data
-dir and a fresh database (a SQLite file, or a schema of its own in the local PostgreSQL) plus one CPU worker, so that GET /devices
-reports a worker as in a real deployment and GET /jobs/{id} reads a job that really ran (state,
-times, latest metrics, result). The worker stays idle, waiting to be woken by a queue change as it would
-in production. The database is preloaded with 500 queued jobs for device "cuda:9", which no worker
-takes, so GET /jobs?limit=50 pages through realistic rows. Beside it, bench/bare_app.py runs in
-its own uvicorn process with the same uvicorn settings: GET /bare (async def) is the ceiling, and
-GET /bare-sync (a plain def route, run in the thread pool like every trainyard route) shows the
-thread hop's share.
+dir and a fresh database (a SQLite file, or a schema of its own in the local PostgreSQL) plus one CPU
+worker, so that GET /devices reports a worker as in a real deployment and GET /jobs/{id} reads a job
+that really ran (state, times, latest metrics, result). The worker stays idle, waiting to be woken by a
+queue change as it would in production. The database is preloaded with 500 queued jobs for device
+"cuda:9", which no worker takes, so GET /jobs?limit=50 pages through realistic rows. Beside it,
+bench/bare_app.py runs in its own uvicorn process with the same uvicorn settings: GET /bare (async def)
+is the ceiling, and GET /bare-sync (a plain def route, run in the thread pool like every trainyard
+route) shows the thread hop's share.
 
 Per endpoint, after a 0.5 s warm-up, two modes (the load generator is this process: asyncio and a
 minimal keep-alive HTTP/1.1 client with a connection pool, RawHttp below):
@@ -32,7 +32,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
+from functools import partial
 
 import httpx
 
@@ -84,7 +86,8 @@ class RawHttp:
             return int(head[9:12])
 
 
-def sender(http: RawHttp, method: str, path: str, status: int, body: dict | None = None):
+def sender(http: RawHttp, method: str, path: str, status: int,
+           body: dict | None = None) -> Callable[[], Awaitable[str | None]]:
     data = json.dumps(body).encode() if body is not None else b""
 
     async def send() -> str | None:
@@ -99,9 +102,10 @@ def sender(http: RawHttp, method: str, path: str, status: int, body: dict | None
 
 async def fixed_rate(send, rate: float, seconds: float) -> dict:
     loop = asyncio.get_running_loop()
-    lat, errors = [], Counter()
+    lat: list[float] = []
+    errors: Counter[str] = Counter()
 
-    async def one(due: float):
+    async def one(due: float) -> None:
         error = await send()
         if error is None:
             lat.append(loop.time() - due)
@@ -120,7 +124,8 @@ async def fixed_rate(send, rate: float, seconds: float) -> dict:
 
 async def closed_loop(send, clients: int, seconds: float) -> dict:
     loop = asyncio.get_running_loop()
-    lat, errors = [], Counter()
+    lat: list[float] = []
+    errors: Counter[str] = Counter()
     t0 = loop.time()
     end = t0 + seconds
 
@@ -152,8 +157,8 @@ async def measure(endpoints, pids: dict, seconds: float, bare_url: str) -> list[
     for name, server, method, url, status, body in endpoints:
         send = send_to(url, method, status, body)
         await closed_loop(send, CONCURRENCY, min(0.5, seconds))  # warm-up: connections, caches
-        for mode, run in (("fixed", lambda: fixed_rate(send, RATE, seconds)),
-                          ("max", lambda: closed_loop(send, CONCURRENCY, seconds))):
+        for mode, run in (("fixed", partial(fixed_rate, send, RATE, seconds)),
+                          ("max", partial(closed_loop, send, CONCURRENCY, seconds))):
             bracket = mode == "max" and server != "bare"
             before = (await closed_loop(bare, CONCURRENCY, seconds / 2))["rate"] if bracket else None
             meter = CpuMeter({"server": pids[server], "worker": pids["worker"]})
@@ -177,7 +182,7 @@ def run_backend(backend: str, args, seconds: float, preload: int, bare_url: str,
             c.post("/jobs", json=POST_BODY).raise_for_status()
         assert len(c.get("/jobs", params={"limit": 50}).json()["data"]) == min(50, preload + 1)
         svc.wait_until(lambda: _up(f"{bare_url}/bare"), 30, "the bare app")
-        endpoints = [  # name, server, method, url, expected status, body
+        endpoints: list[tuple[str, str, str, str, int, dict | None]] = [  # name, server, method, url, status, body
             ("bare FastAPI GET /bare (ceiling)", "bare", "GET", f"{bare_url}/bare", 200, None),
             ("bare FastAPI GET /bare-sync", "bare", "GET", f"{bare_url}/bare-sync", 200, None),
         ] if measure_bare else []
@@ -187,6 +192,7 @@ def run_backend(backend: str, args, seconds: float, preload: int, bare_url: str,
             ("GET /devices", "server", "GET", f"{svc.url}/devices", 200, None),
             ("POST /jobs", "server", "POST", f"{svc.url}/jobs", 201, POST_BODY),
         ]
+        assert svc.server is not None  # service() started it
         pids = {"bare": bare_pid, "server": svc.server.pid, "worker": svc.workers[0].pid}
         results = asyncio.run(measure(endpoints, pids, seconds, bare_url))
     return [{**r, "backend": "" if r["name"].startswith("bare") else backend} for r in results]
@@ -237,12 +243,12 @@ def main() -> None:
     print(table(["backend", "endpoint", "load", "req/s", "p50 ms", "p99 ms", "errors", "vs bare max (bracketing)",
                  "server CPU ms/req", "CPU % server / loadgen / worker", "target"], rows))
     print("\nThe load generator (this process), the server under test and the idle worker share the machine's "
-          f"{os.cpu_count()} cores, so max-throughput figures are a lower bound for each server: 'CPU %' (100 = one core busy) "
-          f"shows who was busy. The server runs {args.processes} process(es), each at most about one core's worth "
-          "of Python. 'server CPU ms/req' (the server processes' CPU time over requests served) is the figure least "
-          "disturbed by other load on the machine. Fixed-rate latency counts from the scheduled send time. Each "
-          "trainyard endpoint's flat-out rate is compared with the bare ceiling measured just before and just after "
-          "it (their mean). "
+          f"{os.cpu_count()} cores, so max-throughput figures are a lower bound for each server: 'CPU %' "
+          f"(100 = one core busy) shows who was busy. The server runs {args.processes} process(es), each at most "
+          "about one core's worth of Python. 'server CPU ms/req' (the server processes' CPU time over requests "
+          "served) is the figure least disturbed by other load on the machine. Fixed-rate latency counts from the "
+          "scheduled send time. Each trainyard endpoint's flat-out rate is compared with the bare ceiling measured "
+          "just before and just after it (their mean). "
           f"At the end: {load_note()}.")
 
 

@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,12 +31,12 @@ from bench.common import PROD_ENV, load_note, table, verdict
 from bench.train_throughput import run_service
 from trainyard.app.launcher import Service
 from trainyard.app.spec import Augment, ModelSpec, TrainParams
-from trainyard.worker import nets, train
+from trainyard.worker import nets, train_setup
 from trainyard.worker.augment import BatchAugment
 
 TARGET = 0.9
 BASE = "cifar_net-b64"
-AUGMENT = {"crop_padding": 4, "horizontal_flip": True}
+AUGMENT: dict[str, Any] = {"crop_padding": 4, "horizontal_flip": True}
 # The augmented twin of the base case.
 CASES_WITH_AUGMENT = {f"{BASE}+augment": {**CASES[BASE], "train": {**CASES[BASE]["train"], "augment": AUGMENT}}}
 
@@ -75,10 +76,10 @@ def in_process(device: torch.device, blocks: int, calls: int) -> list[list]:
 def time_layout(device: torch.device, channels_last: bool, blocks: int, calls: int) -> dict[str, float]:
     """Median seconds per call of a plain step, a step on an augmented batch, and each augmentation alone."""
     torch.manual_seed(0)
-    model = nets.build_model(ModelSpec(arch="cifar_net"), (3, 32, 32), 10).to(device)
+    model = nets.build_model(ModelSpec(arch="cifar_net", params=None), (3, 32, 32), 10).to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = train.make_optimizer(TrainParams(optimizer="sgd", lr=0.001), model.parameters())
+    optimizer = train_setup.make_optimizer(TrainParams(optimizer="sgd", lr=0.001), model.parameters())
     criterion = nn.CrossEntropyLoss()
     x_train, y_train = torch.randn(2048, 3, 32, 32, device=device), torch.randint(0, 10, (2048,), device=device)
     augments = {"crop + flip": BatchAugment(Augment(**AUGMENT), seed=0),
@@ -102,8 +103,12 @@ def time_layout(device: torch.device, channels_last: bool, blocks: int, calls: i
         optimizer.step()
 
     x = batch()[0]
-    runs = {"step": lambda: train_step(None), "augmented step": lambda: train_step(augments["crop + flip"])}
-    runs |= {name: (lambda a=a: a(x, 0, next(steps))) for name, a in augments.items()}
+    def alone(a: BatchAugment) -> Callable[[], object]:
+        return lambda: a(x, 0, next(steps))
+
+    runs: dict[str, Callable[[], object]] = {"step": lambda: train_step(None),
+                                             "augmented step": lambda: train_step(augments["crop + flip"])}
+    runs |= {name: alone(a) for name, a in augments.items()}
     seconds = timer(device)
     for fn in runs.values():  # warm-up: first calls allocate, cuDNN picks algorithms
         seconds(fn, 3)

@@ -32,8 +32,9 @@ TINY_JOB = {"kind": "train", "model": {"arch": "mlp", "hidden": [8]}, "data": {"
 def env_line(backend: str = "SQLite") -> str:
     poll = Settings.model_fields["poll_s"].default
     rev = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True)
-    return (f"{os.cpu_count()} CPU cores, no GPU · git {rev.stdout.strip() or '?'} · Python {platform.python_version()} · "
-            f"torch {importlib.metadata.version('torch')} · fastapi {importlib.metadata.version('fastapi')} · "
+    return (f"{os.cpu_count()} CPU cores, no GPU · git {rev.stdout.strip() or '?'} · "
+            f"Python {platform.python_version()} · torch {importlib.metadata.version('torch')} · "
+            f"fastapi {importlib.metadata.version('fastapi')} · "
             f"uvicorn {importlib.metadata.version('uvicorn')} · {backend} · default poll_s {poll} s · "
             f"{dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z} · {load_note()}")
 
@@ -59,11 +60,12 @@ def postgres_schema(prefix: str = "bench") -> Iterator[str]:
 
 
 @contextmanager
-def service(workers: int = 0, device: str = "cpu", database_url: str = "", processes: int = 1) -> Iterator[Service]:
-    """`trainyard serve` plus `workers` workers on a fresh temp data dir (and database_url, if given);
-    all registered on entry."""
+def service(workers: int = 0, device: str = "cpu", database_url: str = "", processes: int = 1,
+            env: dict[str, str] | None = None) -> Iterator[Service]:
+    """`trainyard serve` plus `workers` workers on a fresh temp data dir (and database_url, if given,
+    and env's settings over PROD_ENV); all registered on entry."""
     tmp = Path(tempfile.mkdtemp(prefix="trainyard-bench-"))
-    svc = Service.isolated(tmp / "data", database_url, env=PROD_ENV)
+    svc = Service.isolated(tmp / "data", database_url, env={**PROD_ENV, **(env or {})})
     try:
         svc.start_server(processes=processes)
         for _ in range(workers):  # start them side by side: each fork server imports torch
@@ -122,7 +124,7 @@ class CpuMeter:
 
 
 def table(headers: list[str], rows: list[list]) -> str:
-    def cell(v):
+    def cell(v: object) -> str:
         return f"{v:.1f}" if isinstance(v, float) else str(v)
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,7 +32,7 @@ from bench.train_throughput import rate
 from trainyard.app.launcher import Service
 from trainyard.app.states import JobState
 
-JOB = {"kind": "train", "name": "bench-ddp", "model": {"arch": "cifar_net"},
+JOB: dict[str, Any] = {"kind": "train", "name": "bench-ddp", "model": {"arch": "cifar_net"},
        "data": {"dataset": "fake", "image_size": [3, 32, 32], "num_classes": 10, "size": 4000},
        "train": {"epochs": 4, "optimizer": "sgd", "lr": 0.01, "momentum": 0.9}}
 
@@ -52,10 +53,11 @@ def _rank(rank: int, world: int, store: str, data_dir: str, device_kind: str, pe
     import torch.distributed as dist
     from torch import nn
 
-    from trainyard.app.spec import parse_spec
+    from trainyard.app.spec import TrainJob, parse_spec
     from trainyard.worker import data, nets
 
     spec = parse_spec({**JOB, "device": "cpu"})
+    assert isinstance(spec, TrainJob)
     device = torch.device(f"cuda:{rank}" if device_kind == "cuda" else "cpu")
     if device.type == "cpu":
         torch.set_num_threads(1)

@@ -2,33 +2,30 @@
 the server's peak memory (VmHWM from /proc), the bytes stored and the time measured.
 
     .venv/bin/python -m bench.limits            # this checkout
-    cp bench/limits.py OLD/bench/ && (cd OLD && python -m bench.limits)   # an older checkout, side by side
+    cp bench/limits.py bench/common.py OLD/bench/ && (cd OLD && python -m bench.limits)   # an older checkout
 
 Run as root (VmHWM is reset through /proc/<pid>/clear_refs). Probes that a checkout refuses are
 fast; on a checkout without the bounds some take minutes and gigabytes (the 10 GB FakeData cache
-is not sent: it is the same whatever the checkout, and a test covers its eviction).
+is not sent: it is the same whatever the checkout, and a test covers its eviction). The older checkout
+needs trainyard.app.launcher (bench/common.py starts the service with it).
 """
 import io
 import json
-import shutil
 import struct
-import tempfile
+import sys
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import numpy as np
 
-try:
-    from trainyard.app.launcher import Service
+from bench.common import service
+from trainyard.app.launcher import Service
 
-    def service(data_dir: Path) -> Service:
-        return Service.isolated(data_dir, env={"TRAINYARD_MAX_PARAMETERS": str(10**10)})
-except ImportError:  # a checkout from before app/launcher.py
-    from tests.service import Service
-
-    def service(data_dir: Path) -> Service:
-        return Service(data_dir)
+# A 1,000-class model is over the default parameter bound; the probes measure the uploads, not that bound.
+LIMITS_ENV = {"TRAINYARD_MAX_PARAMETERS": str(10**10)}
 
 MiB = 1 << 20
 
@@ -86,8 +83,8 @@ def zip_entries(n: int) -> bytes:
     return local + cd + z64 + locator + eocd
 
 
-def upload(svc, c, name: str, content: bytes, **form) -> dict:
-    pid = svc.server.pid
+def upload(svc: Service, c: httpx.Client, name: str, content: bytes, **form: str) -> dict:
+    pid = server_pid(svc)
     Path(f"/proc/{pid}/clear_refs").write_text("5")
     base, before, t0 = peak_rss(pid), disk(svc.data_dir / "datasets"), time.perf_counter()
     r = c.post("/datasets", files={"file": (name, content)}, data=form, timeout=900)
@@ -97,7 +94,12 @@ def upload(svc, c, name: str, content: bytes, **form) -> dict:
             "detail": r.text[:160]}
 
 
-def predict_rows(svc, c) -> dict:
+def server_pid(svc: Service) -> int:
+    assert svc.server is not None, "the service's server is not started"
+    return svc.server.pid
+
+
+def predict_rows(svc: Service, c: httpx.Client) -> dict:
     """Issue 8 #1: 5,000 rows against a 1,000-class model, then the reads the dashboard makes."""
     job = svc.submit({"kind": "train", "model": {"arch": "mlp", "hidden": [8], "num_classes": 1000},
                       "data": {"dataset": "iris"}, "train": {"epochs": 2}, "device": "cpu"})
@@ -107,7 +109,7 @@ def predict_rows(svc, c) -> dict:
     out = {"status": r.status_code, "request_kb": len(json.dumps(body)) / 1024, "detail": r.text[:160]}
     if r.status_code == 201:
         svc.wait_state(r.json()["id"], timeout=900)
-    pid = svc.server.pid
+    pid = server_pid(svc)
     Path(f"/proc/{pid}/clear_refs").write_text("5")
     base, t0 = peak_rss(pid), time.perf_counter()
     for path in ("/jobs?limit=50", f"/jobs/{r.json().get('id', job['id'])}", "/metrics", "/healthz"):
@@ -115,7 +117,7 @@ def predict_rows(svc, c) -> dict:
     return {**out, "reads_seconds": time.perf_counter() - t0, "server_peak_growth_mb": (peak_rss(pid) - base) / MiB}
 
 
-PROBES = {
+PROBES: dict[str, Callable[[Service, httpx.Client], dict]] = {
     "#2 CSV, one 131k-char label": lambda s, c: upload(s, c, "l.csv", csv_long_label(3000), label_column="label"),
     "#4 CSV, 100k columns": lambda s, c: upload(s, c, "w.csv", csv_wide(100_000), label_column="label"),
     "#3 npz of zero uint8 images": lambda s, c: upload(s, c, "z.npz", npz_zeros()),
@@ -126,20 +128,12 @@ PROBES = {
 
 
 def main() -> None:
-    import sys
     rows = []
     for name, probe in PROBES.items():
         if len(sys.argv) > 1 and sys.argv[1] not in name:
             continue
-        tmp = Path(tempfile.mkdtemp(prefix="trainyard-limits-"))
-        svc = service(tmp / "data").start_server()
-        try:
-            svc.start_worker("cpu")
-            with svc.client() as c:
-                rows.append((name, probe(svc, c)))
-        finally:
-            svc.stop()
-            shutil.rmtree(tmp, ignore_errors=True)
+        with service(workers=1, env=LIMITS_ENV) as svc, svc.client() as c:
+            rows.append((name, probe(svc, c)))
         print(name, json.dumps(rows[-1][1]), flush=True)
     print("\n| probe | request KB | status | seconds | server peak growth MB | stored MB |")
     print("|---|---:|---:|---:|---:|---:|")

@@ -1,13 +1,15 @@
 """Hand-written PyTorch training loops, the yardsticks of bench/train_throughput.py.
 
-Run one as `python -m bench.loops CASE LOOP EPOCHS DATA_DIR`; it prints a JSON line with the
-training seconds of each epoch (evaluation excluded, as in the service's samples_per_s).
+Run one as `python -m bench.loops CASE LOOP EPOCHS DATA_DIR [DEVICE [THREADS]]`; it prints a JSON
+line with the training seconds of each epoch (evaluation excluded, as in the service's samples_per_s).
+THREADS sets torch's intra-op thread count (bench/train_throughput.py tries each and keeps the best).
 - seed000: the classic notebook Iris loop (full batch, Adam, model.forward per epoch, losses kept in
   a list), as written in the project's founding tutorials.
 - seed002: the classic CIFAR-10 notebook loop: torchvision FakeData through ToTensor + Normalize,
   a DataLoader with shuffle and num_workers=2, `.to(device)` per batch, `loss.item()` per step.
 - tight: the best plain eager loop we know: tensors in memory, a shuffled index per epoch, batches
-  sliced from it, losses accumulated on the device and read once per epoch.
+  sliced from it (no gather at all when one batch holds the whole split), losses accumulated on the
+  device and read once per epoch.
 Every epoch's clock stops only once the device has finished the epoch's work (`now`): on CUDA the
 loops' calls return as soon as the kernels are queued, and their clock would measure the launches.
 """
@@ -20,8 +22,8 @@ import torch
 from torch import nn
 
 from bench.cases import CASES
-from trainyard.app.spec import parse_spec
-from trainyard.worker import data, nets, train
+from trainyard.app.spec import TrainJob, parse_spec
+from trainyard.worker import data, nets, train_setup
 
 
 def now(device: torch.device) -> float:
@@ -38,7 +40,7 @@ def seed000(spec, d, device, epochs):
     optimizer = torch.optim.Adam(model.parameters(), lr=spec.train.lr)
     X_train, y_train = d.x_train.to(device), d.y_train.to(device)
     seconds, losses = [], []
-    for i in range(epochs):
+    for _i in range(epochs):
         start = now(device)
         y_pred = model.forward(X_train)
         loss = criterion(y_pred, y_train)
@@ -54,17 +56,21 @@ def tight(spec, d, device, epochs):
     torch.manual_seed(spec.train.seed)
     model = nets.build_model(spec.model, d.input_shape, len(d.class_names)).to(device)
     criterion = nn.CrossEntropyLoss()
-    optimizer = train.make_optimizer(spec.train, model.parameters())
+    optimizer = train_setup.make_optimizer(spec.train, model.parameters())
     x, y, bs = d.x_train.to(device), d.y_train.to(device), spec.train.batch_size
     seconds = []
     for _ in range(epochs):
         start = now(device)
         model.train()
         total = torch.zeros((), device=device)
-        perm = torch.randperm(len(y), device=device)
+        perm = torch.randperm(len(y), device=device) if bs < len(y) else None
         for i in range(0, len(y), bs):
-            idx = perm[i:i + bs]
-            loss = criterion(model(x[idx]), y[idx])
+            if perm is None:  # one batch of every sample: its order cannot change the step
+                xb, yb = x, y
+            else:
+                idx = perm[i:i + bs]
+                xb, yb = x[idx], y[idx]
+            loss = criterion(model(xb), yb)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -91,10 +97,10 @@ def seed002(spec, d, device, epochs):
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(net.parameters(), lr=spec.train.lr, momentum=spec.train.momentum)
     seconds = []
-    for epoch in range(epochs):
+    for _epoch in range(epochs):
         start = now(device)
         running_loss = 0.0
-        for i, batch in enumerate(trainloader, 0):
+        for _i, batch in enumerate(trainloader, 0):
             inputs, labels = batch[0].to(device), batch[1].to(device)
             optimizer.zero_grad()
             outputs = net(inputs)
@@ -112,8 +118,11 @@ LOOPS = {"seed000": seed000, "seed002": seed002, "tight": tight}
 def main() -> None:
     case, loop, epochs, data_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
     spec = parse_spec(CASES[case])
+    assert isinstance(spec, TrainJob), f"{case} is not a training job"
     # The device the service's job runs on, so that both sides are measured on the same one.
     device = torch.device(sys.argv[5] if len(sys.argv) > 5 else "cpu")
+    if len(sys.argv) > 6:
+        torch.set_num_threads(int(sys.argv[6]))
     d = data.load(spec.data, data_dir)
     seconds, n = LOOPS[loop](spec, d, device, epochs)
     print(json.dumps({"seconds": seconds, "samples": n}))

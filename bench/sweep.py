@@ -26,6 +26,7 @@ import argparse
 import statistics
 import time
 from collections import Counter
+from typing import cast
 
 from bench.common import TINY_JOB, env_line, iso_s, load_note, pct, service, table
 from trainyard.app.states import TERMINAL, JobState
@@ -38,7 +39,7 @@ def lrs(n: int) -> list[float]:
 
 
 def job(lr: float | None = None) -> dict:
-    train = {**TINY_JOB["train"], "epochs": 3, **({"lr": lr} if lr is not None else {})}
+    train = {**cast(dict, TINY_JOB["train"]), "epochs": 3, **({"lr": lr} if lr is not None else {})}
     return {**TINY_JOB, "name": "bench-sweep", "train": train}
 
 

@@ -6,7 +6,7 @@ import pytest
 from bench.common import postgres_schema
 from tests.s3 import new_bucket, s3_server
 from tests.service import Service
-from trainyard.app import schema
+from trainyard.app import migrate
 from trainyard.app.db import make_engine
 from trainyard.app.spec import TRAIN_EXAMPLE
 
@@ -71,7 +71,7 @@ def backend_url(request, tmp_path):
 def engine(backend_url):
     """An engine on backend_url's database (each backend), upgraded to this release's schema."""
     e = make_engine(backend_url)
-    schema.upgrade(e)
+    migrate.upgrade(e)
     yield e
     e.dispose()
 

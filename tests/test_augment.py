@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from trainyard.app.spec import TRAIN_EXAMPLE, Augment, TrainParams, parse_spec
 from trainyard.worker.augment import BatchAugment, augment_batch
-from trainyard.worker.context import JobError
+from trainyard.worker.errors import JobError
 
 
 def images(b: int = 16, c: int = 3, h: int = 8, w: int = 8, dtype=torch.float32) -> torch.Tensor:

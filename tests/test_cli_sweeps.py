@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from tests.service import ROOT, serving
-from trainyard.app.cli import output
+from trainyard.app.cli import sweep_output
 from trainyard.app.spec import TRAIN_EXAMPLE
 
 IRIS = {**TRAIN_EXAMPLE, "train": {**TRAIN_EXAMPLE["train"], "epochs": 3}}
@@ -196,7 +196,7 @@ def test_the_trials_table_shows_pruned_failed_and_the_best():
                "params": {"train.lr": 0.001, "model.hidden": [8]}, "best": True},  # the sweep's best wins
               {**trial, "trial": 1, "job_id": 11, "state": "failed", "failure": "job", "params": {"train.lr": 3.0}}]
     con = Console(record=True, width=200, file=io.StringIO())
-    con.print(output.sweep_view(sweep, trials))
+    con.print(sweep_output.sweep_view(sweep, trials))
     text = con.export_text()
     assert text.splitlines()[0] == ("sweep 4 t  running  tpe  4/8 trials (1 succeeded, 1 pruned, 1 failed, 1 running)"
                                     "  val_accuracy (maximize): best 0.9 (trial 0)")
@@ -206,10 +206,10 @@ def test_the_trials_table_shows_pruned_failed_and_the_best():
         ["2", "12", "pruned", "0.1", "[8]", "0.5", "2/10", ""],
         ["3", "13", "running", "0.001", "[8]", "0.7", "4/10", ""]]
     con = Console(record=True, width=200, file=io.StringIO())
-    output.console, saved = con, output.console
+    sweep_output.console, saved = con, sweep_output.console
     try:
-        output.say_best(sweep)
+        sweep_output.say_best(sweep)
     finally:
-        output.console = saved
+        sweep_output.console = saved
     assert con.export_text().strip() == ("best trial 0 (job 10): val_accuracy 0.9  "
                                          "model.hidden=[16,16], train.lr=0.01235")

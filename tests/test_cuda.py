@@ -99,7 +99,7 @@ def _probe(plan: JobPlan, conn) -> None:
     import os
 
     import pynvml
-    events = []
+    events: list = []
     runner.execute(plan, events.append)
     pynvml.nvmlInit()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]

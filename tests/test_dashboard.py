@@ -4,6 +4,7 @@ Needs Debian's `chromium` (Playwright's own browser download is not used) and `p
 """
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -12,6 +13,8 @@ from tests.conftest import IRIS_JOB, slow_job, tiny_job
 from tests.service import Service, serving
 
 sync_api = pytest.importorskip("playwright.sync_api")
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, ConsoleMessage, Request
 expect = sync_api.expect
 
 CHROMIUM = "/usr/bin/chromium"
@@ -20,7 +23,8 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"{CHROMIUM} not installed (apt-get install chromium)")]
+              pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                 reason=f"{CHROMIUM} not installed (apt-get install chromium)")]
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +44,18 @@ def browser():
 class Watched:
     """A page with its console errors, uncaught exceptions and request URLs recorded."""
 
-    def __init__(self, browser):
+    def __init__(self, browser: "Browser") -> None:
         self.context = browser.new_context(viewport={"width": 1360, "height": 900})
         self.page = self.context.new_page()
         self.page.set_default_timeout(15_000)
         self.errors: list[str] = []
-        self.requests: list[sync_api.Request] = []
-        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.requests: list[Request] = []
+
+        def console(m: "ConsoleMessage") -> None:
+            if m.type == "error":
+                self.errors.append(m.text)
+
+        self.page.on("console", console)
         self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
         self.page.on("request", lambda r: self.requests.append(r))
 
@@ -263,7 +272,8 @@ def test_an_unavailable_gpu_worker_shows_why(live, watched):
     hosts = [{"host": "old-box", "driver_version": "570.86.15", "cuda_devices": [], "other_workers": [stuck],
               "cpu": cpu}]
     payload = {"cuda_available": False, "driver_version": "570.86.15", "torch_version": "2.14.1",
-               "cuda_version": "13.0", "cudnn_version": None, "hosts": hosts, "cuda_devices": [], "cpu": cpu, "other_workers": [stuck]}
+               "cuda_version": "13.0", "cudnn_version": None, "hosts": hosts, "cuda_devices": [], "cpu": cpu,
+               "other_workers": [stuck]}
     page = watched.page
     page.route("**/devices", lambda route: route.fulfill(json=payload))
     page.goto(live.url + "/")
@@ -289,7 +299,8 @@ def test_token_is_asked_for_stored_and_sent(browser, tmp_path):
         page.get_by_role("button", name="Save token").click()
         expect(state_cell(page, job["id"])).to_have_text("queued")
         expect(token).to_be_hidden()
-        sent = [r.all_headers().get("authorization") for r in w.requests if r.url.endswith("/jobs?limit=100&include=result")]
+        sent = [r.all_headers().get("authorization") for r in w.requests
+                if r.url.endswith("/jobs?limit=100&include=result")]
         assert sent[-1] == "Bearer dash-s3cret"
 
         page.reload()  # kept in localStorage
@@ -390,7 +401,10 @@ def test_a_grid_sweep_runs_and_its_page_shows_trials_curves_and_scatter(live, wa
         expect(series.locator("circle")).to_have_count(5)
         expect(series.locator("path")).to_have_attribute("d", re.compile(r"^M[\d.]+,[\d.]+( L[\d.]+,[\d.]+){4}$"))
     expect(curves.locator("[data-best=true]")).to_have_attribute("data-trial", str(best))
-    width = lambda n: float(curves.locator(f"[data-trial='{n}'] path").evaluate("p => getComputedStyle(p).strokeWidth")[:-2])
+
+    def width(n: int) -> float:
+        return float(curves.locator(f"[data-trial='{n}'] path").evaluate("p => getComputedStyle(p).strokeWidth")[:-2])
+
     assert width(best) > width(1 - best)
     expect(curves).to_contain_text(f"best (trial {best})")
 
@@ -402,7 +416,8 @@ def test_a_grid_sweep_runs_and_its_page_shows_trials_curves_and_scatter(live, wa
     expect(scatter).to_contain_text("0.05")
     expect(page.get_by_test_id("scatter-param")).to_be_hidden()  # one parameter: nothing to choose
     points = {int(d["trial"]): d for d in scatter.locator("circle").evaluate_all(
-        "cs => cs.map(c => ({trial: c.dataset.trial, best: c.dataset.best, cx: +c.getAttribute('cx'), cy: +c.getAttribute('cy')}))")}
+        "cs => cs.map(c => ({trial: c.dataset.trial, best: c.dataset.best, cx: +c.getAttribute('cx'), "
+        "cy: +c.getAttribute('cy')}))")}
     assert set(points) == {0, 1} and points[best]["best"] == "true" and points[1 - best]["best"] == "false"
     lr = {n: trials[n]["params"]["train.lr"] for n in trials}
     assert (points[0]["cx"] < points[1]["cx"]) == (lr[0] < lr[1])
@@ -498,7 +513,9 @@ def recorded_curves(sweep: dict) -> dict:
 def paged_curves(sweep: dict, route, log: list, asked: list) -> dict:
     """The curves as the server pages them: points in the order they were recorded (`log`, grown with the sweep's
     new epochs), three a page, `since` and `next` positions in that order (each `since` asked kept in `asked`)."""
-    since = int(re.search(r"[?&]since=(\d+)", route.request.url).group(1))
+    asked_since = re.search(r"[?&]since=(\d+)", route.request.url)
+    assert asked_since, route.request.url
+    since = int(asked_since.group(1))
     whole = recorded_curves(sweep)
     for t in whole["trials"]:
         log.extend((t["trial"], p) for p in t["points"] if (t["trial"], p[0]) not in {(n, q[0]) for n, q in log})
@@ -553,7 +570,10 @@ def test_sweep_page_from_recorded_payloads_log_axis_pruned_curves_live_updates_a
     expect(curves.locator("[data-series]")).to_have_count(5)
     expect(curves.locator("[data-trial='1']")).to_have_attribute("data-points", "2")
     expect(curves.locator("[data-trial='3']")).to_have_attribute("data-points", "3")
-    style = lambda n, prop: curves.locator(f"[data-trial='{n}'] path").evaluate(f"p => getComputedStyle(p).{prop}")
+
+    def style(n: int, prop: str) -> str:
+        return curves.locator(f"[data-trial='{n}'] path").evaluate(f"p => getComputedStyle(p).{prop}")
+
     assert style(1, "strokeDasharray") not in ("none", "")
     assert style(0, "strokeDasharray") == "none" and style(2, "strokeDasharray") == "none"
     assert float(style(2, "strokeWidth")[:-2]) > float(style(0, "strokeWidth")[:-2])
@@ -567,7 +587,8 @@ def test_sweep_page_from_recorded_payloads_log_axis_pruned_curves_live_updates_a
     cx = {int(c["t"]): c["x"] for c in scatter.locator("circle").evaluate_all(
         "cs => cs.map(c => ({t: c.dataset.trial, x: +c.getAttribute('cx')}))")}
     assert set(cx) == {0, 1, 2, 3}
-    assert cx[2] - cx[0] == pytest.approx(cx[3] - cx[2], abs=0.2) and cx[0] - cx[1] == pytest.approx(cx[2] - cx[0], abs=0.2)
+    assert cx[2] - cx[0] == pytest.approx(cx[3] - cx[2], abs=0.2)
+    assert cx[0] - cx[1] == pytest.approx(cx[2] - cx[0], abs=0.2)
     expect(scatter.locator("circle.best")).to_have_attribute("data-trial", "2")
     # The other parameter, a choice of lists: one category per value, in the spec's order.
     select = page.get_by_test_id("scatter-param")

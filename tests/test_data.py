@@ -11,8 +11,8 @@ from sklearn.datasets import load_iris
 from sklearn.model_selection import train_test_split
 
 from trainyard.app.spec import DataSpec, PredictData
-from trainyard.worker import data
-from trainyard.worker.context import JobError
+from trainyard.worker import data, data_sources
+from trainyard.worker.errors import JobError
 
 
 def test_iris_split_equals_sklearn_train_test_split(tmp_path):
@@ -175,7 +175,7 @@ def test_uploaded_pixels_are_scaled_features_are_not():
 
 def test_digits_csv_is_the_sklearn_digits_data():
     from sklearn.datasets import load_digits
-    with gzip.open(data.SHIPPED / "digits.csv.gz", "rt") as f:
+    with gzip.open(data_sources.SHIPPED / "digits.csv.gz", "rt") as f:
         table = np.loadtxt(f, delimiter=",")
     X, y = load_digits(return_X_y=True)
     np.testing.assert_array_equal(table[:, :-1], X)

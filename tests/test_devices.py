@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_job
-from trainyard.app import hardware as devices
+from trainyard.app import devices_payload, gpu_order, hardware, nvml
 
 GiB = 2**30
 H100 = {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0", "compute_capability": "9.0",
@@ -23,11 +23,11 @@ def worker(id, device, hb, state="busy", job=7, torch=None):
 
 
 def test_h100_host():
-    nvml = [{**H100, "nvml_index": i, "uuid": f"GPU-{i}"} for i in range(8)]
+    nv = [{**H100, "nvml_index": i, "uuid": f"GPU-{i}"} for i in range(8)]
     alloc = {"memory_allocated": 24 * GiB, "memory_reserved": 30 * GiB, "max_memory_allocated": 28 * GiB}
     workers = [worker("w0", "cuda:0", 1000.0, torch=alloc), worker("w1", "cuda:1", 900.0, job=8),
                worker("wc", "cpu", 999.0, state="idle", job=None)]
-    p = devices.build_payload(nvml, workers, now=1001.0, build=BUILD, cpu=CPU, stale_after_s=15)
+    p = devices_payload.build_payload(nv, workers, now=1001.0, build=BUILD, cpu=CPU, stale_after_s=15)
     assert p["cuda_available"] is True and p["driver_version"] == "580.65.06"
     assert p["torch_version"] == "2.14.1" and p["cuda_version"] == "13.0"
     assert p["cudnn_version"] == "9.24.0"  # what the workers' torch really loaded beats the package version
@@ -42,28 +42,28 @@ def test_h100_host():
 
 
 def test_cuda_visible_devices_maps_torch_index_to_physical():
-    nvml = [{**H100, "nvml_index": i, "uuid": f"GPU-{i}", "memory_used": i * GiB} for i in range(8)]
-    assert devices.visible_indices(8, "5,2") == [5, 2]
-    assert devices.visible_indices(8, "") == []
-    assert devices.visible_indices(8, "1,9,2") == [1]  # CUDA stops at the first invalid entry
-    p = devices.build_payload(nvml, [], 0.0, BUILD, CPU, 15, visible=[5, 2])
+    nv = [{**H100, "nvml_index": i, "uuid": f"GPU-{i}", "memory_used": i * GiB} for i in range(8)]
+    assert gpu_order.visible_indices(8, "5,2") == [5, 2]
+    assert gpu_order.visible_indices(8, "") == []
+    assert gpu_order.visible_indices(8, "1,9,2") == [1]  # CUDA stops at the first invalid entry
+    p = devices_payload.build_payload(nv, [], 0.0, BUILD, CPU, 15, visible=[5, 2])
     assert [(d["index"], d["uuid"]) for d in p["cuda_devices"]] == [(0, "GPU-5"), (1, "GPU-2")]
 
 
 def test_no_gpu():
-    p = devices.build_payload(None, [], 0.0, BUILD, CPU, 15)
+    p = devices_payload.build_payload(None, [], 0.0, BUILD, CPU, 15)
     assert p["cuda_available"] is False and p["cuda_devices"] == [] and p["cpu"]["cores"] == 96
 
 
 def test_this_machine_reads_without_cuda():
-    nv = devices.nvml_devices()
+    nv = nvml.nvml_devices()
     if Path("/proc/driver/nvidia").exists():  # a GPU host: NVML answers, still without a CUDA context
         assert nv and all(d["name"] and d["memory_total"] > 0 for d in nv)
     else:
         assert nv is None
-    info = devices.torch_build_info()
+    info = hardware.torch_build_info()
     assert info["torch_version"].startswith("2.14.1")
-    cpu = devices.cpu_info()
+    cpu = hardware.cpu_info()
     assert cpu["cores"] >= 1 and cpu["memory_total"] > 0
 
 
@@ -87,10 +87,11 @@ def on(host, id, device, hb, gpus, own=None, cores=16, job=None, draining=False)
 def test_two_gpu_hosts_each_with_a_cuda0_worker_and_an_api_host_without_gpus():
     a = [{**H100, "uuid": "GPU-a0", "index": 0}, {**H100, "uuid": "GPU-a1", "index": 1}]
     b = [{**L4, "uuid": "GPU-b0", "index": 0}]
-    workers = [on("gpu-a", "wa0", "cuda:0", 1000.0, a, "GPU-a0", job=3), on("gpu-a", "wa1", "cuda:1", 1000.0, a, "GPU-a1"),
+    workers = [on("gpu-a", "wa0", "cuda:0", 1000.0, a, "GPU-a0", job=3),
+               on("gpu-a", "wa1", "cuda:1", 1000.0, a, "GPU-a1"),
                on("gpu-b", "wb0", "cuda:0", 1000.0, b, "GPU-b0", cores=8, job=4),
                on("gpu-b", "wbc", "cpu", 1000.0, b, None, cores=8, draining=True)]
-    p = devices.build_payload(None, workers, 1001.0, BUILD, CPU, 15, host="api")
+    p = devices_payload.build_payload(None, workers, 1001.0, BUILD, CPU, 15, host="api")
     assert [h["host"] for h in p["hosts"]] == ["api", "gpu-a", "gpu-b"]  # this host first
     api, ha, hb = p["hosts"]
     assert api["cuda_devices"] == [] and api["cpu"]["cores"] == 96 and api["cpu"]["workers"] == []
@@ -106,10 +107,10 @@ def test_two_gpu_hosts_each_with_a_cuda0_worker_and_an_api_host_without_gpus():
 
 
 def test_a_gpu_seen_by_the_api_and_by_a_worker_is_one_gpu_with_the_freshest_numbers():
-    nvml = [{**H100, "nvml_index": 0, "uuid": "GPU-x", "memory_used": 40 * GiB}]
+    nv = [{**H100, "nvml_index": 0, "uuid": "GPU-x", "memory_used": 40 * GiB}]
     stale = [{**H100, "uuid": "GPU-x", "index": 0, "memory_used": 10 * GiB}]
-    p = devices.build_payload(nvml, [on("box-worker", "w", "cuda:0", 999.0, stale, "GPU-x", job=1)], 1000.0,
-                              BUILD, CPU, 15, host="box-api")
+    p = devices_payload.build_payload(nv, [on("box-worker", "w", "cuda:0", 999.0, stale, "GPU-x", job=1)], 1000.0,
+                                      BUILD, CPU, 15, host="box-api")
     [gpu] = p["cuda_devices"]
     assert gpu["host"] == "box-worker" and gpu["memory_used"] == 40 * GiB and [w["id"] for w in gpu["workers"]] == ["w"]
     assert [h["host"] for h in p["hosts"]] == ["box-api", "box-worker"] and p["hosts"][0]["cuda_devices"] == []
@@ -117,14 +118,14 @@ def test_a_gpu_seen_by_the_api_and_by_a_worker_is_one_gpu_with_the_freshest_numb
 
 def test_a_workers_reading_honours_its_cuda_visible_devices(monkeypatch):
     nv = [{**H100, "nvml_index": i, "uuid": f"GPU-{i}", "driver_version": "580.65.06"} for i in range(4)]
-    monkeypatch.setattr(devices, "nvml_devices", lambda: nv)
+    monkeypatch.setattr(nvml, "nvml_devices", lambda: nv)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
-    r = devices.host_reading("cuda:1")
+    r = hardware.host_reading("cuda:1")
     assert r["device_uuid"] == "GPU-1" and [g["index"] for g in r["gpus"]] == [None, 1, None, 0]
     assert r["driver_version"] == "580.65.06" and r["cpu"]["cores"] >= 1
-    assert devices.host_reading("cpu")["device_uuid"] is None
-    monkeypatch.setattr(devices, "nvml_devices", lambda: None)
-    assert devices.host_reading("cpu") == {**devices.host_reading("cpu"), "gpus": [], "device_uuid": None}
+    assert hardware.host_reading("cpu")["device_uuid"] is None
+    monkeypatch.setattr(nvml, "nvml_devices", lambda: None)
+    assert hardware.host_reading("cpu") == {**hardware.host_reading("cpu"), "gpus": [], "device_uuid": None}
 
 
 # ---- which GPU a worker's device is: by UUID, whatever the order and the CUDA_VISIBLE_DEVICES -----------
@@ -139,9 +140,9 @@ TORCH_FASTEST_FIRST = ["b2b2b2b2-4444-5555-6666-777777777777", "a1a1a1a1-0000-11
 
 
 def test_a_mixed_host_matches_torch_devices_to_nvml_by_uuid_not_index(monkeypatch, tmp_path):
-    monkeypatch.setattr(devices, "nvml_devices", lambda: MIXED)
+    monkeypatch.setattr(nvml, "nvml_devices", lambda: MIXED)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    r = devices.host_reading("cuda:0", TORCH_FASTEST_FIRST)
+    r = hardware.host_reading("cuda:0", TORCH_FASTEST_FIRST)
     assert r["device_uuid"] == MIXED[1]["uuid"]  # torch's cuda:0 is the H100, NVML's GPU 1
     assert [(g["name"], g["index"]) for g in r["gpus"]] == [(A100["name"], 1), (H100["name"], 0)]
     # Its slot is the H100's: its UUID, its memory (85.5 GB, not the A100's 42.9).
@@ -152,34 +153,34 @@ def test_a_mixed_host_matches_torch_devices_to_nvml_by_uuid_not_index(monkeypatc
     assert (slot.key, slot.budget) == (MIXED[1]["uuid"], H100["memory_total"])
     seen = {"torch_version": "2.14.1", "cuda_version": "13.0", "cuda_available": True, "cuda_device_count": 2,
             "cuda_devices": [{"uuid": u} for u in TORCH_FASTEST_FIRST]}
-    assert devices.device_problem("cuda:0", seen, r) is None
+    assert hardware.device_problem("cuda:0", seen, r) is None
 
 
 def test_cuda_visible_devices_in_its_three_forms(monkeypatch, tmp_path):
     nv = [{**H100, "nvml_index": i, "uuid": f"GPU-{c * 8}-0000-0000-0000-00000000000{i}", "mig_parent": None}
           for i, c in enumerate("abcd")]
     nv[3]["uuid"] = "GPU-aaab0000-0000-0000-0000-000000000003"  # shares the prefix GPU-aaa with GPU 0
-    assert devices.visible_indices(nv, "2,0") == [2, 0]
-    assert devices.visible_indices(nv, "1gpu,3") == [1, 3]  # each entry's leading number, as CUDA reads it
-    assert devices.visible_indices(nv, "2,0,2") == []  # a device named twice: none
-    assert devices.visible_indices(nv, f"{nv[2]['uuid']},{nv[1]['uuid']}") == [2, 1]
-    assert devices.visible_indices(nv, "GPU-ccc,GPU-aaab") == [2, 3]  # unique prefixes
-    assert devices.visible_indices(nv, "GPU-ccc,GPU-aaa,GPU-b") == [2]  # an ambiguous prefix stops the list
-    assert devices.visible_indices(nv, "GPU-dead") == []
+    assert gpu_order.visible_indices(nv, "2,0") == [2, 0]
+    assert gpu_order.visible_indices(nv, "1gpu,3") == [1, 3]  # each entry's leading number, as CUDA reads it
+    assert gpu_order.visible_indices(nv, "2,0,2") == []  # a device named twice: none
+    assert gpu_order.visible_indices(nv, f"{nv[2]['uuid']},{nv[1]['uuid']}") == [2, 1]
+    assert gpu_order.visible_indices(nv, "GPU-ccc,GPU-aaab") == [2, 3]  # unique prefixes
+    assert gpu_order.visible_indices(nv, "GPU-ccc,GPU-aaa,GPU-b") == [2]  # an ambiguous prefix stops the list
+    assert gpu_order.visible_indices(nv, "GPU-dead") == []
     mig = [nv[0], *({**A100, "nvml_index": 1, "uuid": f"MIG-{c * 8}-1111-2222-3333-444444444444",
                      "mig_parent": "GPU-parent"} for c in "ef")]
-    assert devices.visible_indices(mig, "MIG-ffffffff-1111-2222-3333-444444444444") == [2]
-    assert devices.visible_indices(mig, "MIG-fff,MIG-eee") == [2, 1]
-    assert devices.visible_indices(mig, "MIG-fff,GPU-aaa") == [2]  # the first entry's form decides
+    assert gpu_order.visible_indices(mig, "MIG-ffffffff-1111-2222-3333-444444444444") == [2]
+    assert gpu_order.visible_indices(mig, "MIG-fff,MIG-eee") == [2, 1]
+    assert gpu_order.visible_indices(mig, "MIG-fff,GPU-aaa") == [2]  # the first entry's form decides
 
     # An `auto` worker given UUIDs is a GPU worker on the card it names (it used to be a CPU worker).
-    monkeypatch.setattr(devices, "nvml_devices", lambda: nv)
+    monkeypatch.setattr(nvml, "nvml_devices", lambda: nv)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-ccc")
-    assert devices.visible_cuda_count() == 1
+    assert gpu_order.visible_cuda_count() == 1
     from trainyard.app.settings import Settings
     from trainyard.worker.main import Worker
     assert Worker(Settings(data_dir=tmp_path), "auto").device == "cuda:0"
-    r = devices.host_reading("cuda:0")  # before the warm-up's UUIDs: CUDA_VISIBLE_DEVICES parsed
+    r = hardware.host_reading("cuda:0")  # before the warm-up's UUIDs: CUDA_VISIBLE_DEVICES parsed
     assert r["device_uuid"] == nv[2]["uuid"] and [g["index"] for g in r["gpus"]] == [None, None, 0, None]
 
 
@@ -197,19 +198,19 @@ MIG_CARD = {"nvml_index": 0, "name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-5c4c7
 
 def test_mig_instances_are_gpus_with_their_own_uuid_and_memory(monkeypatch):
     import copy
-    nv = devices.gpu_entries(1, lambda i: copy.deepcopy(MIG_CARD), "570.86.15", "12.8")
+    nv = nvml.gpu_entries(1, lambda i: copy.deepcopy(MIG_CARD), "570.86.15", "12.8")
     assert [(g["uuid"], g["memory_total"], g["memory_used"], g["mig_parent"]) for g in nv] == [
         (m["uuid"], m["memory_total"], m["memory_used"], MIG_CARD["uuid"]) for m in MIG_CARD["mig"]]
     assert all(g["memory_total"] != MIG_CARD["memory_total"] for g in nv)  # never the parent card's numbers
     assert nv[0]["compute_capability"] == "8.0" and nv[0]["name"].endswith("MIG 3g.20gb")
-    monkeypatch.setattr(devices, "nvml_devices", lambda: nv)
+    monkeypatch.setattr(nvml, "nvml_devices", lambda: nv)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", MIG_CARD["mig"][1]["uuid"])
-    r = devices.host_reading("cuda:0", ["7f3a9b2c-bbbb-5d6e-8f90-222222222222"])  # torch's one device
+    r = hardware.host_reading("cuda:0", ["7f3a9b2c-bbbb-5d6e-8f90-222222222222"])  # torch's one device
     assert r["device_uuid"] == MIG_CARD["mig"][1]["uuid"] and [g["index"] for g in r["gpus"]] == [None, 0]
-    p = devices.build_payload(nv, [], 0.0, BUILD, CPU, 15)
+    p = devices_payload.build_payload(nv, [], 0.0, BUILD, CPU, 15)
     assert [g["memory_total"] for g in p["cuda_devices"]] == [20_937_965_568]  # the visible instance only
     # A card in MIG mode without instances is listed, saying why CUDA cannot use it.
-    empty = devices.gpu_entries(1, lambda i: {**copy.deepcopy(MIG_CARD), "mig": []}, "570.86.15")
+    empty = nvml.gpu_entries(1, lambda i: {**copy.deepcopy(MIG_CARD), "mig": []}, "570.86.15")
     assert "no MIG instance" in empty[0]["problem"]
 
 
@@ -218,27 +219,27 @@ def test_one_failing_gpu_query_marks_that_gpu_unreadable_not_the_whole_list():
         if i == 1:
             raise RuntimeError("GPU is lost")  # pynvml.NVMLError_GpuIsLost's text
         return {"nvml_index": i, **H100, "uuid": f"GPU-{i}"}
-    nv = devices.gpu_entries(3, read, "580.65.06", "13.0")
+    nv = nvml.gpu_entries(3, read, "580.65.06", "13.0")
     assert [(g["uuid"], g["problem"]) for g in nv] == [("GPU-0", None), (None, "NVML could not read it: GPU is lost"),
                                                        ("GPU-2", None)]
     assert nv[0]["memory_total"] == H100["memory_total"] and nv[1]["memory_total"] is None
-    p = devices.build_payload(nv, [], 0.0, BUILD, CPU, 15)
+    p = devices_payload.build_payload(nv, [], 0.0, BUILD, CPU, 15)
     assert [(g["index"], g["uuid"], g["problem"] is not None) for g in p["cuda_devices"]] == \
         [(0, "GPU-0", False), (1, None, True), (2, "GPU-2", False)]
 
 
 def test_nvml_is_initialised_once_per_process(monkeypatch):
     calls = []
-    real = devices._init_nvml
+    real = nvml._init_nvml
 
     def counted():
         calls.append(1)
         return real()
-    monkeypatch.setattr(devices, "_init_nvml", counted)
-    monkeypatch.setitem(devices._nvml_state, "pid", None)  # as a fresh process
+    monkeypatch.setattr(nvml, "_init_nvml", counted)
+    monkeypatch.setitem(nvml._nvml_state, "pid", None)  # as a fresh process
     for _ in range(5):  # five heartbeats' or /devices requests' readings
-        devices.nvml_devices()
-        devices.host_reading("cpu")
+        nvml.nvml_devices()
+        hardware.host_reading("cpu")
     assert len(calls) == 1  # here without a driver: the failure is remembered, not retried at every reading
 
 
@@ -251,27 +252,27 @@ def test_a_worker_names_why_it_cannot_use_its_device():
     gpus = [{**H100, "uuid": "GPU-b2b2b2b2-4444-5555-6666-777777777777", "index": None, "nvml_index": 0,
              "mig_parent": None}]
     host = {"gpus": gpus, "driver_version": "570.86.15", "cuda_driver_version": "12.8"}
-    old = devices.device_problem("cuda:0", {**CU130, "cuda_available": False, "cuda_error": (
+    old = hardware.device_problem("cuda:0", {**CU130, "cuda_available": False, "cuda_error": (
         "CUDA initialization: The NVIDIA driver on your system is too old (found version 12080).")}, host)
     assert "driver 570.86.15 supports CUDA up to 12.8" in old and "built for CUDA 13.0" in old and "R580" in old
     assert "TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128" in old and "found version 12080" in old
 
-    none = devices.device_problem("cuda:0", {**CU130, "cuda_available": False}, {"gpus": [], "driver_version": None})
+    none = hardware.device_problem("cuda:0", {**CU130, "cuda_available": False}, {"gpus": [], "driver_version": None})
     assert "no NVIDIA driver" in none and "--gpus" in none and "--device cpu" in none
-    cpu_build = devices.device_problem("cuda:0", {**CU130, "cuda_version": None, "torch_version": "2.14.1+cpu"}, host)
+    cpu_build = hardware.device_problem("cuda:0", {**CU130, "cuda_version": None, "torch_version": "2.14.1+cpu"}, host)
     assert "CPU-only build" in cpu_build
     seen = {**CU130, "cuda_available": True, "cuda_device_count": 1,
             "cuda_devices": [{"uuid": "b2b2b2b2-4444-5555-6666-777777777777"}]}
-    missing = devices.device_problem("cuda:3", seen, host, "1")
+    missing = hardware.device_problem("cuda:3", seen, host, "1")
     assert "cuda:3 does not exist: torch sees 1 CUDA device(s) under CUDA_VISIBLE_DEVICES='1' (cuda:0..cuda:0)" \
         in missing
-    stranger = devices.device_problem("cuda:0", {**seen, "cuda_devices": [{"uuid": "0000"}]}, host)
+    stranger = hardware.device_problem("cuda:0", {**seen, "cuda_devices": [{"uuid": "0000"}]}, host)
     assert "torch and NVML disagree" in stranger and gpus[0]["uuid"] in stranger
-    hidden = devices.device_problem("cuda:0", {**CU130, "cuda_available": False},
+    hidden = hardware.device_problem("cuda:0", {**CU130, "cuda_available": False},
                                     {**host, "cuda_driver_version": "13.0"}, "GPU-dead")
     assert "CUDA_VISIBLE_DEVICES='GPU-dead' names none of this host's GPUs" in hidden
-    assert devices.device_problem("cuda:0", seen, host) is None and devices.device_problem("cpu", {}, {}) is None
-    assert "reported nothing" in devices.device_problem("cuda:0", {}, host)
+    assert hardware.device_problem("cuda:0", seen, host) is None and hardware.device_problem("cpu", {}, {}) is None
+    assert "reported nothing" in hardware.device_problem("cuda:0", {}, host)
 
 
 # ---- a multi-device job's ranks: each pinned by its GPU's UUID ---------------------------------------------
@@ -291,7 +292,7 @@ def test_the_lent_devices_uuids_travel_with_the_job_to_its_ranks(tmp_path):
     2-device job's plan carries each rank's GPU UUID, so rank 1 does not resolve cuda:0 under rank 0's."""
     import os
 
-    from trainyard.app import placement, queue, schema
+    from trainyard.app import migrate, placement, queue, submit
     from trainyard.app import workers as registry
     from trainyard.app.settings import Settings
     from trainyard.app.spec import parse_spec
@@ -299,11 +300,11 @@ def test_the_lent_devices_uuids_travel_with_the_job_to_its_ranks(tmp_path):
     settings = Settings(data_dir=tmp_path)
     settings.ensure_dirs()
     ws = [Worker(settings, "cuda:0") for _ in range(2)]
-    schema.prepare(ws[0].engine)
+    migrate.prepare(ws[0].engine)
     for w, uuid in zip(ws, ("GPU-a1a1a1a1", "GPU-b2b2b2b2")):
         w.slot = placement.Slot(uuid, gang=2)
         registry.register_worker(w.engine, w.id, settings.node, os.getpid(), w.device, {"slot": {"key": uuid}})
-    queue.enqueue(ws[0].engine, parse_spec({**tiny_job(), "device": "cuda", "devices": 2}))
+    submit.enqueue(ws[0].engine, parse_spec({**tiny_job(), "device": "cuda", "devices": 2}))
     job = queue.claim(ws[0].engine, ws[0].id, "cuda:0", 30, None, ws[0].slot)
     plan = ws[0].plan(job)
     assert plan.ranks == ("cuda:0", "cuda:0") and plan.rank_uuids == ("GPU-a1a1a1a1", "GPU-b2b2b2b2")
@@ -368,19 +369,19 @@ def test_the_warm_up_reads_torch_devices_that_nvml_lists_by_uuid():
     """The worker's warm-up child, for real: its torch UUIDs are NVML's GPUs, and cuda:0 is usable."""
     import multiprocessing as mp
 
-    from trainyard.worker import runner_entry
+    from trainyard.worker import fork_server
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=runner_entry.build_info, args=(child,))
+    p = ctx.Process(target=fork_server.build_info, args=(child,))
     p.start()
     seen = parent.recv()
     p.join()
-    nv = devices.nvml_devices()
+    nv = nvml.nvml_devices()
     assert seen["cuda_available"] and len(seen["cuda_devices"]) == seen["cuda_device_count"] >= 1
-    order = devices.torch_order(nv, [d["uuid"] for d in seen["cuda_devices"]])
+    order = gpu_order.torch_order(nv, [d["uuid"] for d in seen["cuda_devices"]])
     assert None not in order, (seen, nv)
-    reading = devices.host_reading("cuda:0", [d["uuid"] for d in seen["cuda_devices"]])
-    assert devices.device_problem("cuda:0", seen, reading) is None
+    reading = hardware.host_reading("cuda:0", [d["uuid"] for d in seen["cuda_devices"]])
+    assert hardware.device_problem("cuda:0", seen, reading) is None
     own = next(g for g in reading["gpus"] if g["uuid"] == reading["device_uuid"])
     assert own["memory_total"] >= seen["cuda_devices"][0]["total_memory"] * 0.9  # a MIG instance's, if MIG
 
@@ -389,10 +390,10 @@ def test_the_warm_up_reads_torch_devices_that_nvml_lists_by_uuid():
 @cuda
 def test_nvml_on_a_gpu_host_is_initialised_once(monkeypatch):
     calls = []
-    real = devices._init_nvml
-    monkeypatch.setattr(devices, "_init_nvml", lambda: calls.append(1) or real())
-    monkeypatch.setitem(devices._nvml_state, "pid", None)
-    readings = [devices.nvml_devices() for _ in range(5)]
+    real = nvml._init_nvml
+    monkeypatch.setattr(nvml, "_init_nvml", lambda: calls.append(1) or real())
+    monkeypatch.setitem(nvml._nvml_state, "pid", None)
+    readings = [nvml.nvml_devices() for _ in range(5)]
     assert len(calls) == 1 and all(readings)
     assert all(g["uuid"] and g["memory_total"] and g["problem"] is None for g in readings[-1])
 
@@ -404,11 +405,11 @@ def test_a_rank_pinned_by_uuid_sees_that_gpu_as_cuda0(tmp_path):
     cuda:0 is that GPU."""
     import subprocess
     import sys
-    uuid = devices.nvml_devices()[-1]["uuid"]
+    uuid = nvml.nvml_devices()[-1]["uuid"]
     code = ("import torch\nfrom trainyard.worker import distributed, torch_devices\n"
             f"d = torch_devices.resolve(distributed.pin('cuda:5', {uuid!r}))\n"
             "print(torch.cuda.device_count(), str(torch.cuda.get_device_properties(d).uuid))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     count, seen = out.stdout.split()
-    assert count == "1" and devices.bare_uuid(seen) == devices.bare_uuid(uuid)
+    assert count == "1" and gpu_order.bare_uuid(seen) == gpu_order.bare_uuid(uuid)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -235,7 +236,8 @@ def dockerfile() -> tuple[dict, list[list[tuple[str, str]]]]:
     """(global ARG defaults, stages as lists of (INSTRUCTION, arguments)), continuations joined."""
     text = re.sub(r"\\\n", " ", "\n".join(line for line in DOCKERFILE.read_text().splitlines()
                                           if not line.lstrip().startswith("#")))
-    args, stages = {}, []
+    args: dict[str, str] = {}
+    stages: list[list[tuple[str, str]]] = []
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -373,16 +375,21 @@ def env(tmp_path):
             "TRAINYARD_DATA_DIR": str(tmp_path / "data"), "TRAINYARD_WORKER_PIDFILE": str(tmp_path / "workers.pid")}
 
 
+class Logged(subprocess.Popen[bytes]):
+    """A process whose output goes to the file `log`."""
+    log: Path
+
+
 @pytest.fixture
-def start(tmp_path):
+def start(tmp_path: Path) -> Iterator[Callable[[list[str], dict], Logged]]:
     """start(args, env) runs `bash docker/entrypoint.sh ARGS` in a session of its own; whatever is
     still running at the end of the test (the process and its children) is stopped."""
-    procs: list[tuple[subprocess.Popen, Path]] = []
+    procs: list[tuple[Logged, Path]] = []
 
-    def _start(args: list[str], env: dict) -> subprocess.Popen:
+    def _start(args: list[str], env: dict) -> Logged:
         log = tmp_path / f"entrypoint-{len(procs)}.log"
-        p = subprocess.Popen(["bash", str(ENTRYPOINT), *args], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
-                             stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+        p = Logged(["bash", str(ENTRYPOINT), *args], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                   stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
         p.log = log
         procs.append((p, log))
         return p
@@ -406,7 +413,7 @@ def _signal_group(p: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def wait_until(predicate, timeout: float, what: str, *procs: subprocess.Popen) -> None:
+def wait_until(predicate, timeout: float, what: str, *procs: Logged) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -414,7 +421,7 @@ def wait_until(predicate, timeout: float, what: str, *procs: subprocess.Popen) -
         for p in procs:
             assert p.poll() is None, f"exited ({p.returncode}) while waiting for {what}:\n{p.log.read_text()}"
         time.sleep(0.1)
-    logs = "\n".join(f"--- {p.args}\n{p.log.read_text()[-3000:]}" for p in procs)
+    logs = "\n".join(f"--- {p.args!r}\n{p.log.read_text()[-3000:]}" for p in procs)
     raise AssertionError(f"timed out waiting for {what}\n{logs}")
 
 

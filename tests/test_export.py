@@ -190,7 +190,7 @@ def test_readme_export_section(live, models, tmp_path):
     """The README's example, as written: job 1 is this service's iris model too."""
     job_id, rows, want = models["iris"]
     assert job_id == 1 and rows[:2] == [[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]]
-    section = (ROOT / "README.md").read_text().split("\n### Exporting a model\n", 1)[1].split("\n### ", 1)[0]
+    section = (ROOT / "docs/training.md").read_text().split("\n## Exporting a model\n", 1)[1].split("\n## ", 1)[0]
     (curl, onnx_example, torch_example) = re.findall(r"```(sh|python)\n(.*?)```", section, re.S)
     r = run_block(*curl[:1], curl[1].replace("localhost:8000", live.url.removeprefix("http://")), tmp_path)
     assert r.returncode == 0, r.stderr

@@ -11,12 +11,13 @@ import time
 import pytest
 
 from tests.conftest import on_both_backends, slow_job, tiny_job
-from trainyard.app import queue, schema
+from trainyard.app import job_reads, migrate, queue, submit
 from trainyard.app import workers as registry
 from trainyard.app.db import make_engine
 from trainyard.app.settings import Settings
 from trainyard.app.spec import parse_spec
-from trainyard.worker.main import Worker, _mp_context
+from trainyard.worker.fork_server import mp_context
+from trainyard.worker.main import Worker
 
 pytestmark = pytest.mark.slow
 service_backend = on_both_backends()
@@ -148,12 +149,12 @@ def test_a_device_that_fails_under_a_job_retries_it_on_another_worker(tmp_path):
     settings = Settings(data_dir=tmp_path / "data", lease_s=5, heartbeat_s=0.5)
     settings.ensure_dirs()
     broken = Worker(settings, "cuda:63")
-    schema.prepare(broken.engine)
-    broken.ctx = _mp_context()
+    migrate.prepare(broken.engine)
+    broken.ctx = mp_context()
     registry.register_worker(broken.engine, broken.id, settings.node, os.getpid(), broken.device, {})
-    job, _ = queue.enqueue(broken.engine, parse_spec({**tiny_job(), "device": "auto"}))
+    job, _ = submit.enqueue(broken.engine, parse_spec({**tiny_job(), "device": "auto"}))
     broken.run_job(queue.claim(broken.engine, broken.id, broken.device, settings.lease_s))
-    again = queue.get_job(broken.engine, job.id)
+    again = job_reads.get_job(broken.engine, job.id)
     assert again.state == "queued" and [(e["class"], e["type"]) for e in again.errors] == [
         ("infrastructure", "DeviceFailure")]
     assert "cuda:63" in broken.unavailable and "restart the worker" in broken.unavailable
@@ -161,6 +162,6 @@ def test_a_device_that_fails_under_a_job_retries_it_on_another_worker(tmp_path):
     assert row["state"] == "unavailable" and row["stats"]["unavailable"] == broken.unavailable
     cpu = Worker(settings, "cpu", burst=True)
     assert cpu.run() == 0 and cpu.jobs_done == 1
-    done = queue.get_job(broken.engine, job.id)
+    done = job_reads.get_job(broken.engine, job.id)
     assert done.state == "succeeded" and done.worker_id == cpu.id and done.attempt == 2
     broken.engine.dispose()

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from trainyard.app.spec import TRAIN_EXAMPLE, parse_spec
-from trainyard.worker import data, infer, train
-from trainyard.worker.context import JobContext, JobError
+from trainyard.worker import data, data_sources, infer, train
+from trainyard.worker.errors import JobError
+from trainyard.worker.job_context import JobContext
 
 
 def make_ctx(root, name="job"):
@@ -102,7 +103,7 @@ def test_digits_inputs_are_raw_pixels(digits, tmp_path):
     """Rows of 0..16 pixel values get the training normalisation: predicting the raw validation rows
     gives the same accuracy as evaluating the normalised split."""
     spec, summary, _ = digits
-    with gzip.open(data.SHIPPED / "digits.csv.gz", "rt") as f:
+    with gzip.open(data_sources.SHIPPED / "digits.csv.gz", "rt") as f:
         table = np.loadtxt(f, delimiter=",")
     _, val_idx = data.split_indices(len(table), spec.data.val_fraction, spec.data.split_seed)
     rows, labels = table[val_idx, :-1], table[val_idx, -1].astype(int)

@@ -111,7 +111,11 @@ def log_text(svc, job_id: int) -> str:
 
 def logged_pid(svc, job_id: int, what: str) -> int:
     found: list[str] = []
-    svc.wait_until(lambda: found.extend(re.findall(rf"{what} (\d+)", log_text(svc, job_id))) or found, 60, what)
+    def logged() -> list[str]:
+        found.extend(re.findall(rf"{what} (\d+)", log_text(svc, job_id)))
+        return found
+
+    svc.wait_until(logged, 60, what)
     return int(found[-1])
 
 

@@ -16,7 +16,7 @@ from bench.common import postgres_schema
 from tests.conftest import tiny_job
 from tests.service import Service
 from tests.test_limits_api import rss
-from trainyard.app import queue
+from trainyard.app import submit
 from trainyard.app.db import jobs, make_engine, metrics, sweeps, write
 from trainyard.app.spec import SweepSpec, TrainJob
 
@@ -62,7 +62,7 @@ def stored_sweep(svc, spec: dict, state: str = "cancelled") -> int:
 def trial_jobs(svc, sweep_id: int, n: int, state: str = "succeeded") -> list[int]:
     spec = TrainJob.model_validate(tiny_job())
     with write(svc.engine) as conn:
-        made = [queue.insert_job(conn, spec, sweep={"id": sweep_id, "trial": t, "params": {"train.lr": 0.01}}).id
+        made = [submit.insert_job(conn, spec, sweep={"id": sweep_id, "trial": t, "params": {"train.lr": 0.01}}).id
                 for t in range(n)]
         conn.execute(update(jobs).where(jobs.c.id.in_(made)).values(state=state))
     return made
@@ -229,7 +229,8 @@ def test_a_cancel_that_loses_its_race_answers_with_the_job_as_it_is(tmp_path, no
                 conn.execute(update(jobs).where(jobs.c.id == job["id"]).values(state=now))
                 me = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
                 answer = {}
-                cancel = threading.Thread(target=lambda: answer.update(r=svc.client().post(f"/jobs/{job['id']}/cancel")))
+                cancel = threading.Thread(
+                    target=lambda: answer.update(r=svc.client().post(f"/jobs/{job['id']}/cancel")))
                 cancel.start()
                 with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as watch:
                     svc.wait_until(lambda: watch.execute("SELECT count(*) FROM pg_stat_activity WHERE %s = ANY("

@@ -70,7 +70,8 @@ def test_a_sweep_of_many_large_choices_keeps_the_servers_memory_and_its_journal_
         time.sleep(0.5)
     trials = sweep(live, made["id"])["trial_count"]
     grown = rss(live.server.pid) - before
-    journal = live.db.execute("SELECT sum(length(entry)) FROM sweep_log WHERE sweep_id = ?", (made["id"],)).fetchone()[0]
+    journal = live.db.execute("SELECT sum(length(entry)) FROM sweep_log WHERE sweep_id = ?",
+                              (made["id"],)).fetchone()[0]
     cancel_all(live, made["id"])
     print(f"{trials} trials of a sweep of 1,000 choice values: journal {journal / trials:,.0f} bytes a trial, "
           f"server RSS +{grown / (1 << 20):.0f} MiB")
@@ -88,14 +89,16 @@ def nested(depth: int) -> str:
     ("/sweeps", {"job": tiny_job(), "parameters": {"train.lr": {"type": "float", "low": 0.001, "high": 0.1,
                                                                 "step": 1e-320}}, "method": "grid"},
      ["body", "parameters", "train.lr", "float"]),
-    ("/sweeps", {"job": {"kind": "run", "entrypoint": "cifar_loop", "device": "cpu"}, "metric": "score", "method": "grid",
+    ("/sweeps", {"job": {"kind": "run", "entrypoint": "cifar_loop", "device": "cpu"}, "metric": "score",
+                 "method": "grid",
                  "parameters": {"config.x": {"type": "float", "low": -1.7e308, "high": 1.7e308, "step": 1e300}}},
      ["body", "parameters", "config.x", "float"]),
     ("/sweeps", {"job": {"kind": "run", "entrypoint": "cifar_loop", "device": "cpu"}, "metric": "score",
                  "parameters": {"config.x": {"type": "float", "low": -1.7e308, "high": 1.7e308}}},
      ["body", "parameters", "config.x", "float"]),
     ("/sweeps", json.dumps({"job": {"kind": "run", "entrypoint": "cifar_loop", "device": "cpu"}, "metric": "score",
-                            "parameters": {"config.x": {"type": "choice", "values": ["X"]}}}).replace('"X"', nested(900)),
+                            "parameters": {"config.x": {"type": "choice", "values": ["X"]}}})
+     .replace('"X"', nested(900)),
      ["body", "parameters", "config.x", "choice", "values"]),
     ("/jobs", json.dumps({"kind": "run", "entrypoint": "cifar_loop", "device": "cpu", "config": {"a": "X"}})
      .replace('"X"', nested(300)), ["body", "run", "config"]),

@@ -7,7 +7,7 @@ from torch import nn
 
 from trainyard.app.spec import ACTIVATIONS, TORCHVISION_ARCHS, ModelSpec
 from trainyard.worker import nets
-from trainyard.worker.context import JobError
+from trainyard.worker.errors import JobError
 
 
 class TutorialModel(nn.Module):

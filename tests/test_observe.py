@@ -16,8 +16,9 @@ service_backend = on_both_backends()
 FAILING = {**tiny_job(), "model": {"arch": "cifar_net"}}  # iris rows are not 3x32x32 images
 
 
-def read_events(service, job_id: int) -> list[tuple[str, dict]]:
-    events, kind = [], None
+def read_events(service, job_id: int) -> list[tuple[str | None, dict]]:
+    events: list[tuple[str | None, dict]] = []
+    kind: str | None = None
     with service.client() as c, c.stream("GET", f"/jobs/{job_id}/events", timeout=120) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
@@ -96,8 +97,8 @@ def test_cli_follow_and_watch(service, tmp_path):
     service.start_worker("cpu")
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "trainyard", *args], cwd=ROOT, env={**service.env, "COLUMNS": "160"},
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run([sys.executable, "-m", "trainyard", *args], cwd=ROOT,
+                              env={**service.env, "COLUMNS": "160"}, capture_output=True, text=True, timeout=120)
 
     good = tmp_path / "good.json"
     good.write_text(json.dumps(tiny_job(epochs=5)))

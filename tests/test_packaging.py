@@ -30,7 +30,7 @@ def test_a_plain_install_holds_only_the_trainyard_package(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert "trainyard" in tops and all(t == "trainyard" or t.endswith(".dist-info") for t in tops), tops
-    assert "trainyard/app/spec.py" in names and "trainyard/worker/train.py" in names
+    assert "trainyard/app/spec/__init__.py" in names and "trainyard/worker/train.py" in names
     assert "trainyard/app/api/static/index.html" in names and "trainyard/worker/datasets/iris.csv" in names
 
     # A fresh environment: the wheel, and this one's dependencies seen through a .pth (whose own
@@ -74,7 +74,8 @@ def test_a_plain_install_holds_only_the_trainyard_package(tmp_path):
     found = r"\| CUDA-marked tests \(pytest -m cuda\) \| passed \| [1-9]\d*/\d+ tests? collected"
     assert re.search(found, r.stdout), r.stdout
     # ...and the environment running these tests still has its own trainyard.
-    here = subprocess.run([sys.executable, "-c", "import trainyard.app.spec"], cwd=empty, capture_output=True, text=True)
+    here = subprocess.run([sys.executable, "-c", "import trainyard.app.spec"], cwd=empty, capture_output=True,
+                          text=True)
     assert here.returncode == 0, here.stderr
 
 

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from tests.conftest import tiny_job
-from trainyard.app import placement, queue, schema
+from trainyard.app import migrate, placement, queue, submit
 from trainyard.app.db import make_engine
 from trainyard.app.spec import parse_spec
 
@@ -24,13 +24,13 @@ FLEET = [*(worker("h100-box", f"cuda:{i}", H100) for i in range(8)), worker("l4-
 @pytest.fixture
 def engine(tmp_path):
     e = make_engine(f"sqlite:///{tmp_path / 'q.db'}")
-    schema.upgrade(e)
+    migrate.upgrade(e)
     yield e
     e.dispose()
 
 
 def job(engine, needs=None, **over):
-    j, _ = queue.enqueue(engine, parse_spec({**tiny_job(), "device": "auto", **over}), needs=needs)
+    j, _ = submit.enqueue(engine, parse_spec({**tiny_job(), "device": "auto", **over}), needs=needs)
     return j
 
 

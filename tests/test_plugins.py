@@ -53,7 +53,8 @@ def test_a_plugin_model_trains_on_a_builtin_dataset_and_serves_predictions(live)
     ev = live.wait_state(live.submit({"kind": "predict", "model_job": job["id"],
                                       "data": {"dataset": "iris", "split": "val"}})["id"])
     with live.client() as c:
-        assert [p["class"] for p in c.get(f"/jobs/{pred['id']}/result").json()["predictions"]] == ["setosa", "virginica"]
+        predictions = c.get(f"/jobs/{pred['id']}/result").json()["predictions"]
+        assert [p["class"] for p in predictions] == ["setosa", "virginica"]
         assert c.get(f"/jobs/{ev['id']}/result").json()["accuracy"] == job["result"]["val_accuracy"]
 
 

@@ -6,13 +6,14 @@ import pytest
 from sqlalchemy import func, select
 
 from tests.conftest import IRIS_JOB, tiny_job
-from trainyard.app import errors, queue, schema
+from trainyard.app import errors, job_reads, migrate, queue
 from trainyard.app.db import make_engine
 from trainyard.app.spec import parse_spec
+from trainyard.app.submit import enqueue
 
 
 def submit(engine, body=None, key=None, **over):
-    job, _ = queue.enqueue(engine, parse_spec({**(body or tiny_job()), **over}), key)
+    job, _ = enqueue(engine, parse_spec({**(body or tiny_job()), **over}), key)
     return job
 
 
@@ -40,7 +41,7 @@ def test_a_claim_in_progress_is_waited_for_not_skipped_past(engine):
     b.join(10)
     assert took["b"].id == wide.id and [r["worker"] for r in took["b"].ranks] == ["b", "a"]
     assert queue.claim(engine, "a", "cpu", 10, None, Slot("a", None, gang=2)) is None  # lent to the wide job
-    assert queue.get_job(engine, after.id).state == "queued"
+    assert job_reads.get_job(engine, after.id).state == "queued"
 
 
 def test_claim_order_priority_then_oldest(engine):
@@ -90,7 +91,7 @@ def test_jobs_that_state_their_gpu_memory_share_a_device_within_its_budget(engin
     assert queue.succeed(engine, c.id, got_c.claim, {}, None)
     got_whole = claim("w1")
     assert got_whole.id == whole.id and claim("w2") is None
-    assert queue.get_job(engine, too_big.id).state == "queued"
+    assert job_reads.get_job(engine, too_big.id).state == "queued"
 
 
 def test_a_multi_device_job_borrows_idle_workers_of_its_host_and_kind(engine):
@@ -183,9 +184,9 @@ def test_fenced_writes_of_a_stale_claim_change_nothing(engine):
     assert queue.fail(engine, job.id, first.claim, {"class": "job", "type": "E", "message": "m"}) is None
     assert queue.record_epoch(engine, job.id, second.claim, 1, {"train_loss": 1.0})
     assert queue.succeed(engine, job.id, second.claim, {"val_accuracy": 1.0}, "art")
-    final = queue.get_job(engine, job.id)
+    final = job_reads.get_job(engine, job.id)
     assert final.state == "succeeded" and final.artifact_path == "art"
-    assert queue.get_metrics(engine, job.id) == [{"epoch": 1, "attempt": 2, "train_loss": 1.0}]
+    assert job_reads.get_metrics(engine, job.id) == [{"epoch": 1, "attempt": 2, "train_loss": 1.0}]
 
 
 def test_expired_lease_fails_after_max_attempts(engine):
@@ -194,7 +195,7 @@ def test_expired_lease_fails_after_max_attempts(engine):
         queue.claim(engine, "w", "cpu", 0.01)
         time.sleep(0.05)
         assert queue.requeue_expired(engine) == [(job.id, expected)]
-    final = queue.get_job(engine, job.id)
+    final = job_reads.get_job(engine, job.id)
     assert final.error["class"] == "infrastructure" and "gave up after 2 attempts" in final.error["message"]
     assert [e["attempt"] for e in final.errors] == [1, 2]
 
@@ -212,7 +213,7 @@ def test_preempted_job_keeps_its_attempt_count(engine):
     c = queue.claim(engine, "w", "cpu", 10)
     assert c.attempt == 1
     assert queue.requeue_preempted(engine, job.id, c.claim)
-    back = queue.get_job(engine, job.id)
+    back = job_reads.get_job(engine, job.id)
     assert back.state == "queued" and back.attempt == 0
 
 
@@ -225,7 +226,7 @@ def test_resume_drops_metrics_after_the_checkpoint(engine):
     queue.fail(engine, job.id, c.claim, {"class": "infrastructure", "type": "X", "message": "m"})
     again = queue.claim(engine, "w2", "cpu", 10)
     assert again.checkpoint_path == "checkpoints/1/run-1.pt" and again.epoch == 2
-    assert [m["epoch"] for m in queue.get_metrics(engine, job.id)] == [1, 2]
+    assert [m["epoch"] for m in job_reads.get_metrics(engine, job.id)] == [1, 2]
 
 
 def test_cancel_and_retry(engine):
@@ -242,18 +243,18 @@ def test_cancel_and_retry(engine):
 
 
 def test_idempotency_key(engine):
-    a, created_a = queue.enqueue(engine, parse_spec(IRIS_JOB), "key-1")
-    b, created_b = queue.enqueue(engine, parse_spec(IRIS_JOB), "key-1")
+    a, created_a = enqueue(engine, parse_spec(IRIS_JOB), "key-1")
+    b, created_b = enqueue(engine, parse_spec(IRIS_JOB), "key-1")
     assert created_a and not created_b and a.id == b.id
     with pytest.raises(errors.Conflict):
-        queue.enqueue(engine, parse_spec({**IRIS_JOB, "name": "other"}), "key-1")
-    assert queue.list_jobs(engine)[1] == 1
+        enqueue(engine, parse_spec({**IRIS_JOB, "name": "other"}), "key-1")
+    assert job_reads.list_jobs(engine)[1] == 1
 
 
-def test_concurrent_claims_never_share_a_job(backend_url):
+def test_concurrent_claims_never_share_a_job(backend_url: str) -> None:
     """Four workers, each with its own engine (as separate processes would have), drain 60 jobs."""
     setup = make_engine(backend_url)
-    schema.upgrade(setup)
+    migrate.upgrade(setup)
     ids = {submit(setup).id for _ in range(60)}
     claimed: list[int] = []
     lock = threading.Lock()
@@ -272,6 +273,6 @@ def test_concurrent_claims_never_share_a_job(backend_url):
     for t in threads:
         t.join()
     assert sorted(claimed) == sorted(ids)
-    rows, _ = queue.list_jobs(setup, limit=500)
+    rows, _ = job_reads.list_jobs(setup, limit=500)
     assert all(r.state == "succeeded" and r.claim == 1 for r in rows)
     setup.dispose()

@@ -1,4 +1,4 @@
-"""The README's curl walk-through, run as written against a live server and worker."""
+"""The README's curl walk-through and docs/plugins.md's examples, run as written against a live server and worker."""
 import json
 import re
 import subprocess
@@ -11,10 +11,10 @@ from tests.service import ROOT
 pytestmark = pytest.mark.slow  # starts the real server and workers
 
 
-def blocks(heading: str) -> list[tuple[str, str]]:
-    """The sh and python blocks of one README section."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+def blocks(heading: str, page: str = "README.md") -> list[tuple[str, str]]:
+    """The sh and python blocks of one section of the README or a docs page (a page's title: up to its first ##)."""
+    text = (ROOT / page).read_text()
+    section = text.split(f"# {heading}\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```(sh|python)\n(.*?)```", section, re.S)
 
 
@@ -69,7 +69,7 @@ def test_readme_plugins_section(service, tmp_path):
     """Your own code: the example plugin's model, dataset and entrypoint, by curl and by the client."""
     service.start_worker("cpu")
     host = service.url.removeprefix("http://")
-    shell, python = blocks("Your own code: plugins and `run` jobs")[-3:-1]
+    shell, python = blocks("Your own code: plugins and `run` jobs", "docs/plugins.md")[-3:-1]
     assert shell[0] == "sh" and python[0] == "python"
     r = run_block(*shell[:1], shell[1].replace("localhost:8000", host), tmp_path)
     assert r.returncode == 0, r.stderr

@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from bench.common import PG_ADMIN, postgres_schema
 from tests.conftest import tiny_job
-from trainyard.app import queue, schema
+from trainyard.app import job_reads, migrate, submit
 from trainyard.app.api.reads import INLINE_BUSY_MS, LoopReader
 from trainyard.app.db import make_engine
 from trainyard.app.spec import parse_spec
@@ -19,8 +19,8 @@ from trainyard.app.spec import parse_spec
 def test_inline_read_and_a_locked_database_that_does_not_stall_the_loop(tmp_path):
     db = tmp_path / "q.db"
     engine = make_engine(f"sqlite:///{db}")
-    schema.upgrade(engine)
-    job, _ = queue.enqueue(engine, parse_spec(tiny_job()))
+    migrate.upgrade(engine)
+    job, _ = submit.enqueue(engine, parse_spec(tiny_job()))
     engine.dispose()
 
     # Another process holds an exclusive lock (which readers must wait for) for 0.5 s: the read gives
@@ -33,7 +33,7 @@ def test_inline_read_and_a_locked_database_that_does_not_stall_the_loop(tmp_path
     reader = LoopReader(engine, f"sqlite:///{db}")
 
     async def read():
-        return await reader.run(lambda engine: queue.get_job(engine, job.id))
+        return await reader.run(lambda engine: job_reads.get_job(engine, job.id))
 
     async def both():
         ticks, started = 0, time.monotonic()
@@ -51,7 +51,7 @@ def test_inline_read_and_a_locked_database_that_does_not_stall_the_loop(tmp_path
     assert ticks >= 0.4 / 0.01 / 2  # the loop was stalled at most INLINE_BUSY_MS, not 0.5 s
     assert INLINE_BUSY_MS <= 100
     # Unlocked, it reads inline what the thread-pool read reads.
-    assert asyncio.run(read()) == queue.get_job(engine, job.id)
+    assert asyncio.run(read()) == job_reads.get_job(engine, job.id)
     reader.dispose()
 
 
@@ -62,13 +62,13 @@ def test_a_postgres_read_is_retried_once_when_the_server_dropped_its_connection(
     import psycopg
     with postgres_schema("reads") as url:
         engine = make_engine(url)
-        schema.upgrade(engine)
-        job, _ = queue.enqueue(engine, parse_spec(tiny_job()))
+        migrate.upgrade(engine)
+        job, _ = submit.enqueue(engine, parse_spec(tiny_job()))
         reader = LoopReader(engine, url)
 
         def read(e):
-            return queue.get_job(e, job.id)
-        assert asyncio.run(reader.run(read)) == queue.get_job(engine, job.id)
+            return job_reads.get_job(e, job.id)
+        assert asyncio.run(reader.run(read)) == job_reads.get_job(engine, job.id)
         with reader.engine.connect() as c:  # the pool's one connection, which the next read takes
             pid = c.execute(text("SELECT pg_backend_pid()")).scalar()
         with psycopg.connect(PG_ADMIN, autocommit=True) as admin:

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.conftest import on_both_backends, slow_job, tiny_job
+from tests.service import Service
 
 pytestmark = pytest.mark.slow  # starts the real server and workers
 service_backend = on_both_backends()
@@ -186,7 +187,7 @@ def test_diverging_loss_fails_with_the_reason(service):
     assert done["attempt"] == 1 and len(done["errors"]) == 1  # not retried
 
 
-def test_four_workers_drain_200_jobs_while_the_api_is_busy(service):
+def test_four_workers_drain_200_jobs_while_the_api_is_busy(service: Service) -> None:
     for _ in range(4):
         service.start_worker("cpu")
     failures: list[str] = []

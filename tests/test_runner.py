@@ -6,7 +6,7 @@ from tests.conftest import tiny_job
 from trainyard.app.records import Job
 from trainyard.app.states import JobState
 from trainyard.worker import runner, train
-from trainyard.worker.context import JobError, Preempted
+from trainyard.worker.errors import JobError, Preempted
 from trainyard.worker.plan import JobPlan
 
 

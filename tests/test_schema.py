@@ -15,7 +15,7 @@ from alembic.runtime.migration import MigrationContext
 
 from bench.common import postgres_schema
 from tests.service import ROOT, Service
-from trainyard.app import schema
+from trainyard.app import migrate
 from trainyard.app.db import make_engine, metadata
 
 FIXTURE = Path(__file__).parent / "fixtures" / "release-8399c49"
@@ -24,12 +24,12 @@ FIXTURE = Path(__file__).parent / "fixtures" / "release-8399c49"
 def test_the_migrations_build_the_schema_the_code_uses(backend_url):
     engine = make_engine(backend_url)
     try:
-        assert schema.current(engine) is None
-        assert schema.upgrade(engine) == (None, schema.head())
-        assert schema.current(engine) == schema.head()
+        assert migrate.current(engine) is None
+        assert migrate.upgrade(engine) == (None, migrate.head())
+        assert migrate.current(engine) == migrate.head()
         with engine.connect() as conn:
             assert compare_metadata(MigrationContext.configure(conn), metadata) == []
-        assert schema.upgrade(engine) == (schema.head(), schema.head())  # again: nothing to do
+        assert migrate.upgrade(engine) == (migrate.head(), migrate.head())  # again: nothing to do
     finally:
         engine.dispose()
 
@@ -58,7 +58,7 @@ def test_the_last_release_before_migrations_upgrades_with_everything_intact(tmp_
     svc = Service(data)
     assert "database schema: 0001; this trainyard: " in cli(svc.env, "db", "current").stdout
     upgraded = cli(svc.env, "db", "upgrade")
-    assert upgraded.returncode == 0 and f"0001 -> {schema.head()}" in upgraded.stdout, upgraded.stderr
+    assert upgraded.returncode == 0 and f"0001 -> {migrate.head()}" in upgraded.stdout, upgraded.stderr
     assert rows(db, "SELECT id, kind, name, state, spec, attempt, claim, artifact_path, result, errors FROM jobs "
                     "ORDER BY id") == old_jobs
     assert rows(db, "SELECT job_id, epoch, attempt, data FROM metrics ORDER BY job_id, epoch") == old_metrics
@@ -97,7 +97,7 @@ def test_serve_upgrades_an_embedded_database_by_itself(tmp_path):
             assert c.get("/jobs").json()["count"] == 6
     finally:
         svc.stop()
-    assert rows(data / "trainyard.db", "SELECT version_num FROM alembic_version") == [(schema.head(),)]
+    assert rows(data / "trainyard.db", "SELECT version_num FROM alembic_version") == [(migrate.head(),)]
 
 
 @pytest.mark.postgres
@@ -105,7 +105,7 @@ def test_serve_upgrades_an_embedded_database_by_itself(tmp_path):
 def test_a_postgres_schema_that_is_behind_stops_server_and_workers_naming_the_command(tmp_path):
     with postgres_schema("m") as url:
         engine = make_engine(url)
-        schema.upgrade(engine, to="0001")  # a database of an earlier release
+        migrate.upgrade(engine, to="0001")  # a database of an earlier release
         engine.dispose()
         svc = Service(tmp_path / "data", database_url=url)
         for args in (["serve"], ["worker", "--device", "cpu"]):

@@ -1,4 +1,4 @@
-"""app/spec.py on its own: strict types, full-string names, and stored specs that hold only what applies."""
+"""app/spec/ on its own: strict types, full-string names, and stored specs that hold only what applies."""
 import pytest
 from pydantic import ValidationError
 

@@ -1,6 +1,7 @@
 """Starting points (worker/starting.py): init_from another job's model, torchvision's published weights,
 the classifier head re-made when the classes differ, and the checks at submit."""
 import re
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from tests.conftest import tiny_job
 from tests.service import ROOT, serving
 from trainyard.app.spec import ALL_ARCHS, ModelSpec, catalog, parse_spec
 from trainyard.worker import nets, starting, train
-from trainyard.worker.context import JobContext, JobError, Preempted
+from trainyard.worker.errors import JobError, Preempted
+from trainyard.worker.job_context import JobContext
 
 # The head of each built-in architecture, as the README's table names it.
 HEADS = {"mlp": "out", "cnn": "11", "cifar_net": "fc3", "alexnet": "classifier.6", "convnext_tiny": "classifier.2",
@@ -39,7 +41,8 @@ def make_ctx(root: Path, name: str, init_dir=None, resume_path=None, stop_after_
     def stop_requested():
         steps[0] += 1
         return stop_after_steps is not None and steps[0] > stop_after_steps
-    return JobContext(job_id=1, device=torch.device("cpu"), data_dir=root / "data", artifact_dir=root / name / "artifact",
+    return JobContext(job_id=1, device=torch.device("cpu"), data_dir=root / "data",
+                      artifact_dir=root / name / "artifact",
                       checkpoint_path=root / name / "checkpoint.pt", init_dir=init_dir, resume_path=resume_path,
                       stop_requested=stop_requested, emit=(events if events is not None else []).append)
 
@@ -77,7 +80,7 @@ def test_spec_fields():
 # -- the head ----------------------------------------------------------------------------------------
 
 def test_the_head_of_every_builtin_arch_is_the_readmes():
-    readme = (ROOT / "README.md").read_text().split("### Fine-tuning and pretrained weights", 1)[1]
+    readme = (ROOT / "docs/training.md").read_text().split("## Fine-tuning and pretrained weights", 1)[1]
     assert set(HEADS) == set(ALL_ARCHS)
     for arch in ALL_ARCHS:
         spec = ModelSpec(arch=arch)
@@ -145,13 +148,15 @@ def test_init_from_checks_in_the_worker(tmp_path):
     train.train(parse_spec(tiny_job(epochs=1)), make_ctx(tmp_path, "a"))
     a_dir = tmp_path / "a" / "artifact"
     digits = parse_spec({**tiny_job(epochs=1), "data": {"dataset": "digits"}, "init_from": 1})
-    with pytest.raises(JobError, match=r"init_from: job 1's model takes inputs of shape \(4,\); digits has \(1, 8, 8\)"):
+    with pytest.raises(JobError,
+                       match=r"init_from: job 1's model takes inputs of shape \(4,\); digits has \(1, 8, 8\)"):
         train.train(digits, make_ctx(tmp_path, "b", init_dir=a_dir))
     cnn = parse_spec({**tiny_job(epochs=1), "model": {"arch": "cnn"}, "data": {"dataset": "digits"}, "init_from": 1})
     with pytest.raises(JobError, match="init_from: job 1 trained a mlp; this job's model is a cnn"):
         train.train(cnn, make_ctx(tmp_path, "c", init_dir=a_dir))
     with pytest.raises(JobError, match="artifact of job 1 is gone"):
-        train.train(parse_spec({**tiny_job(epochs=1), "init_from": 1}), make_ctx(tmp_path, "d", init_dir=tmp_path / "x"))
+        train.train(parse_spec({**tiny_job(epochs=1), "init_from": 1}),
+                    make_ctx(tmp_path, "d", init_dir=tmp_path / "x"))
 
 
 # -- published weights -------------------------------------------------------------------------------
@@ -174,7 +179,7 @@ def test_published_files_are_read_as_torchvision_reads_them(tmp_path, monkeypatc
         model = nets.build_model(spec, (3, 32, 32), 10)
         loaded, _, file = starting.published(arch, "DEFAULT")
         assert file == path
-        remade = starting.load(model, loaded, arch, lambda: starting.head(spec, (3, 32, 32), 10))
+        remade = starting.load(model, loaded, arch, partial(starting.head, spec, (3, 32, 32), 10))
         assert set(remade) == {HEADS[arch]}
         for key, value in model.state_dict().items():
             if not key.startswith(HEADS[arch] + "."):
@@ -218,7 +223,8 @@ def test_init_from_through_the_service(live):
     got, want = artifact(live, b), artifact(live, a)
     assert all(torch.allclose(got[k], want[k], atol=1e-9) for k in want)
     with live.client() as c:
-        assert f"started from init_from job {a['id']}'s model: every layer loaded" in c.get(f"/jobs/{b['id']}/logs").text
+        logs = c.get(f"/jobs/{b['id']}/logs").text
+        assert f"started from init_from job {a['id']}'s model: every layer loaded" in logs
 
     # Another number of classes: the head is re-made, the rest is the 4-class model's.
     mlp = {"arch": "mlp", "hidden": [16]}

@@ -123,8 +123,9 @@ def test_the_median_rule_prunes_a_clearly_bad_trial_before_its_last_epoch(live):
         for t in s.get("trials") or []:
             if t["failure"] == "pruned" and t["job_id"] not in freed_after:
                 decided = datetime.fromisoformat(t["finished_at"]).timestamp()
+                job_id = t["job_id"]
                 with live.client() as c:
-                    live.wait_until(lambda: t["job_id"] not in {w["job_id"] for w in c.get("/workers").json()},
+                    live.wait_until(lambda job_id=job_id: job_id not in {w["job_id"] for w in c.get("/workers").json()},
                                     10, "the pruned trial's worker let go")
                 freed_after[t["job_id"]] = time.time() - decided
     done = wait_sweep(live, made["id"], watch=watch)
@@ -177,6 +178,7 @@ def restart_mid_sweep(svc: Service) -> None:
         with svc.client() as c:
             svc.wait_until(lambda: c.get(f"/sweeps/{made['id']}").json()["counts"]["succeeded"] >= 2, 60, "two done")
             before = c.get(f"/sweeps/{made['id']}").json()
+        assert svc.server is not None
         svc.server.kill()
         svc.server.wait()
         assert before["state"] == "running" and before["trial_count"] < 6  # killed in the middle
@@ -198,9 +200,10 @@ def test_bad_sweeps_get_422_naming_the_field(live):
         ({"parameters": {"train.lrr": {"type": "float", "low": 0.1, "high": 1}}}, ["parameters", "train.lrr"]),
         ({"parameters": {"model.activation": {"type": "int", "low": 1, "high": 2}}},
          ["parameters", "model.activation", "type"]),
-        ({"parameters": {"train.lr": {"type": "choice", "values": []}}}, ["parameters", "train.lr", "choice", "values"]),
-        ({"method": "grid", "max_trials": 2, "parameters": {"train.lr": {"type": "choice", "values": [0.1, 0.2, 0.3]}}},
-         ["max_trials"]),
+        ({"parameters": {"train.lr": {"type": "choice", "values": []}}},
+         ["parameters", "train.lr", "choice", "values"]),
+        ({"method": "grid", "max_trials": 2,
+          "parameters": {"train.lr": {"type": "choice", "values": [0.1, 0.2, 0.3]}}}, ["max_trials"]),
         ({"parameters": {"train.lr": {"type": "float", "low": 0.5, "high": 0.1}}}, ["parameters", "train.lr", "float"]),
         ({"parameters": {"train.lr": {"type": "choice", "values": [0.1]}}, "metric": "nope"}, ["metric"]),
     ]
@@ -229,7 +232,7 @@ def test_a_run_job_sweeps_its_config_on_the_metrics_it_reports(live):
 
 
 def test_the_readme_sweep_runs_as_written(live):
-    section = (ROOT / "README.md").read_text().split("## Sweeps\n", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs/sweeps.md").read_text().split("# Sweeps\n", 1)[1].split("\n## ", 1)[0]
     body = json.loads(section.split("cat > sweep.json <<'JSON'\n", 1)[1].split("\nJSON\n", 1)[0])
     done = wait_sweep(live, start(live, **body)["id"], timeout=300)
     assert done["state"] == "succeeded" and done["trial_count"] == 20

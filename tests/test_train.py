@@ -8,8 +8,9 @@ import safetensors.torch
 import torch
 
 from trainyard.app.spec import TRAIN_EXAMPLE, TrainParams, parse_spec
-from trainyard.worker import data, torch_devices, train
-from trainyard.worker.context import JobContext, JobError, Preempted
+from trainyard.worker import data, data_sources, nets, torch_devices, train
+from trainyard.worker.errors import JobError, Preempted
+from trainyard.worker.job_context import JobContext
 
 # Seed 000's printed losses (epochs 1, 11, ..., 91). The tutorial's iris.csv is the UCI copy, which
 # differs from sklearn's (shipped here) in two samples; with those two restored, our job follows it.
@@ -73,14 +74,14 @@ def test_iris_tutorial_job(tmp_path):
 
 
 def test_iris_job_reproduces_the_tutorial_losses(tmp_path, monkeypatch):
-    real_iris = data._LOADERS["iris"]
+    real_iris = data_sources.LOADERS["iris"]
 
     def uci_iris(spec, data_dir):
         raw = real_iris(spec, data_dir)
         for row, values in UCI_IRIS_ROWS.items():
             raw.x[row] = torch.tensor(values)
         return raw
-    monkeypatch.setitem(data._LOADERS, "iris", uci_iris)
+    monkeypatch.setitem(data_sources.LOADERS, "iris", uci_iris)
     events = []
     train.train(job(checkpoint_every=0), make_ctx(tmp_path, events))
     losses = [e["train_loss"] for e in of_type(events, "epoch")][::10]
@@ -133,7 +134,8 @@ def test_resume_continues_exactly(tmp_path, stop_after, done_epochs, done_steps)
     assert [e["epoch"] for e in of_type(first_events, "epoch")] == list(range(1, done_epochs + 1))
 
     resumed_events = []
-    resumed = train.train(spec, make_ctx(tmp_path, resumed_events, "resumed", resume_path=Path(last_checkpoint["path"])))
+    resumed = train.train(spec, make_ctx(tmp_path, resumed_events, "resumed",
+                                         resume_path=Path(last_checkpoint["path"])))
     assert [e["epoch"] for e in of_type(resumed_events, "epoch")] == list(range(done_epochs + 1, 4))
     assert resumed["resumed_from_epoch"] == done_epochs and resumed["resumed_from_step"] == done_steps
     want, got = weights(tmp_path / "full" / "artifact"), weights(tmp_path / "resumed" / "artifact")
@@ -291,7 +293,8 @@ class _OomAbove(torch.nn.Module):
 
     def __init__(self, rows: int):
         super().__init__()
-        self.rows, self.linear, self.sizes = rows, torch.nn.Linear(4, 3), []
+        self.rows, self.linear = rows, torch.nn.Linear(4, 3)
+        self.sizes: list[int] = []
 
     def forward(self, x):
         self.sizes.append(len(x))
@@ -314,7 +317,7 @@ def test_evaluation_batches_halve_to_fit_and_say_what_to_change_when_nothing_fit
 
     # In a train job: out of memory even at train.batch_size, the job fails `oom` saying so.
     from tests.test_runner import run_job
-    real_build = train.nets.build_model
+    real_build = nets.build_model
 
     def oom_in_eval(spec, shape, classes):
         net = real_build(spec, shape, classes)
@@ -324,7 +327,7 @@ def test_evaluation_batches_halve_to_fit_and_say_what_to_change_when_nothing_fit
         net.register_forward_pre_hook(evaluating)
         return net
     mp = pytest.MonkeyPatch()
-    mp.setattr(train.nets, "build_model", oom_in_eval)
+    mp.setattr(nets, "build_model", oom_in_eval)
     try:
         final, _ = run_job(tmp_path)
     finally:

@@ -14,7 +14,7 @@ from torch import nn
 from tests.test_train import job, make_ctx, of_type, weights
 from trainyard.app.spec import TRAIN_EXAMPLE, parse_spec
 from trainyard.worker import artifacts, infer, train
-from trainyard.worker.context import Preempted
+from trainyard.worker.errors import Preempted
 
 # TRAIN_EXAMPLE (iris, 120 training samples in one batch of 120): one optimizer step per epoch.
 LR = 0.01
@@ -270,7 +270,7 @@ def test_augmentation_changes_what_the_loop_trains_on(tmp_path):
 
 def test_the_readme_example_job_is_valid_and_trains(tmp_path):
     from tests.service import ROOT
-    section = (ROOT / "README.md").read_text().split("### Training options\n", 1)[1].split("\n### ", 1)[0]
+    section = (ROOT / "docs/training.md").read_text().split("## Training options\n", 1)[1].split("\n## ", 1)[0]
     body = json.loads(re.search(r"-d '(\{.*?\})'", section, re.S).group(1))
     spec = parse_spec(body)
     assert spec.train.lr_schedule and spec.train.early_stopping and spec.train.keep == "best"

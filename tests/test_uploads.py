@@ -19,8 +19,8 @@ MAX_BYTES, MAX_FILES = 256 << 10, 100  # small limits so that the limit cases st
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("uploads") / "data",
-                 env={"TRAINYARD_MAX_UPLOAD_BYTES": str(MAX_BYTES), "TRAINYARD_MAX_UPLOAD_FILES": str(MAX_FILES)}) as svc:
+    env = {"TRAINYARD_MAX_UPLOAD_BYTES": str(MAX_BYTES), "TRAINYARD_MAX_UPLOAD_FILES": str(MAX_FILES)}
+    with serving(tmp_path_factory.mktemp("uploads") / "data", env=env) as svc:
         yield svc
 
 

@@ -8,13 +8,17 @@ import pytest
 from sqlalchemy import insert
 
 from tests.conftest import tiny_job
-from trainyard.app import queue, wakeup, workers
+from trainyard.app import submit, wakeup, workers
 from trainyard.app.db import jobs, write
 from trainyard.app.spec import parse_spec
 
 
 def later(seconds: float, fn) -> threading.Thread:
-    t = threading.Thread(target=lambda: (time.sleep(seconds), fn()))
+    def run() -> None:
+        time.sleep(seconds)
+        fn()
+
+    t = threading.Thread(target=run)
     t.start()
     return t
 
@@ -29,7 +33,7 @@ def test_a_queue_change_wakes_an_idle_worker_at_once(engine):
     listener = wakeup.Listener(engine, "w1")
     try:
         assert timed_wait(listener, 0.3) == (False, pytest.approx(0.3, abs=0.15))  # nothing happens: it sleeps
-        t = later(0.2, lambda: queue.enqueue(engine, parse_spec(tiny_job())))
+        t = later(0.2, lambda: submit.enqueue(engine, parse_spec(tiny_job())))
         woken, waited = timed_wait(listener, 10)
         t.join()
         assert woken and waited < 2, waited

@@ -3,10 +3,11 @@ a job can have. Job processes are real (forked from the worker's fork server); n
 import pytest
 
 from tests.conftest import slow_job, tiny_job
-from trainyard.app import queue, schema
+from trainyard.app import job_reads, migrate
 from trainyard.app.db import make_engine
 from trainyard.app.settings import Settings
 from trainyard.app.spec import parse_spec
+from trainyard.app.submit import enqueue
 from trainyard.worker.main import Worker
 
 
@@ -17,8 +18,8 @@ def settings(tmp_path):
 
 def submit(settings, body) -> int:
     engine = make_engine(settings.db_url)
-    schema.upgrade(engine)
-    job, _ = queue.enqueue(engine, parse_spec(body))
+    migrate.upgrade(engine)
+    job, _ = enqueue(engine, parse_spec(body))
     engine.dispose()
     return job.id
 
@@ -33,16 +34,17 @@ def test_burst_runs_every_kind_of_ending_then_stops(settings):
     settings.ensure_dirs()
     ok = submit(settings, tiny_job(epochs=3))
     diverges = submit(settings, {**tiny_job(), "model": {"arch": "mlp", "hidden": [256, 256, 256]},
-                                 "train": {"epochs": 20, "batch_size": 8, "optimizer": "sgd", "lr": 10.0, "momentum": 0.99}})
+                                 "train": {"epochs": 20, "batch_size": 8, "optimizer": "sgd", "lr": 10.0,
+                                           "momentum": 0.99}})
     times_out = submit(settings, {**slow_job(epochs=200), "timeout_s": 1})
     predict = submit(settings, {"kind": "predict", "model_job": ok, "inputs": [[5.1, 3.5, 1.4, 0.2]]})
     orphan = submit(settings, {"kind": "predict", "model_job": times_out, "inputs": [[1.0, 2.0, 3.0, 4.0]]})
     worker = run_burst(settings)
     assert worker.jobs_done == 5
     engine = make_engine(settings.db_url)
-    jobs = {i: queue.get_job(engine, i) for i in (ok, diverges, times_out, predict, orphan)}
+    jobs = {i: job_reads.get_job(engine, i) for i in (ok, diverges, times_out, predict, orphan)}
     assert jobs[ok].state == "succeeded" and jobs[ok].epoch == 3 and jobs[ok].artifact_path
-    assert [m["epoch"] for m in queue.get_metrics(engine, ok)] == [1, 2, 3]
+    assert [m["epoch"] for m in job_reads.get_metrics(engine, ok)] == [1, 2, 3]
     assert not settings.layout.checkpoints(ok).exists()  # a succeeded job's checkpoints are freed
     assert jobs[diverges].state == "failed" and jobs[diverges].error["class"] == "job"
     assert jobs[times_out].state == "failed" and jobs[times_out].error["class"] == "timeout"
@@ -59,19 +61,19 @@ def test_max_jobs_and_a_worker_that_is_shut_down_mid_job(settings):
     first, second = submit(settings, tiny_job()), submit(settings, tiny_job())
     assert run_burst(settings, max_jobs=1).jobs_done == 1
     engine = make_engine(settings.db_url)
-    assert queue.get_job(engine, first).state == "succeeded" and queue.get_job(engine, second).state == "queued"
+    assert job_reads.get_job(engine, first).state == "succeeded" and job_reads.get_job(engine, second).state == "queued"
 
     long = submit(settings, slow_job(epochs=200))
     worker = Worker(settings, "cpu", burst=True)
     original = worker.housekeeping
 
     def stop_once_running(state, job_id):  # as a SIGTERM would: the flag, seen at the next beat
-        if state == "busy" and queue.get_job(engine, long).checkpoint_epoch:
+        if state == "busy" and job_reads.get_job(engine, long).checkpoint_epoch:
             worker.stopping = True
         original(state, job_id)
 
     worker.housekeeping = stop_once_running
     worker.run()
-    back = queue.get_job(engine, long)
+    back = job_reads.get_job(engine, long)
     assert back.state == "queued" and back.attempt == 0 and back.checkpoint_epoch >= 1
     assert "requeued without using an attempt" in settings.layout.log(long).read_text()

@@ -4,9 +4,11 @@ It holds the service (trainyard.app) and the workers (trainyard.worker). In a ch
 top-level folders app/ and worker/, reached through the links trainyard/app and trainyard/worker.
 
     from trainyard import Client, APIError     # the Python client of the REST API
+    from trainyard import Job, Sweep, Dataset, Worker, Event, Page   # what it answers (typed records)
     from trainyard import Context              # what a `run` job's entrypoint is given (worker side)
 """
 from trainyard.app.client import APIError, Client
+from trainyard.app.client_models import Dataset, Event, Job, Page, Sweep, Worker
 
 __version__ = "0.1.0"
 
@@ -14,9 +16,9 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # The worker side imports torch: only for the code that asks for it.
     if name == "Context":
-        from trainyard.worker.run_context import Context
+        from trainyard.worker.public_context import Context
         return Context
     raise AttributeError(f"module 'trainyard' has no attribute {name!r}")
 
 
-__all__ = ["APIError", "Client", "Context", "__version__"]
+__all__ = ["APIError", "Client", "Context", "Dataset", "Event", "Job", "Page", "Sweep", "Worker", "__version__"]

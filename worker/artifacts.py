@@ -25,7 +25,7 @@ ARTIFACT_FORMAT = 1
 SAFETENSORS_FILE, TORCH_FILE, META_FILE = (ARTIFACT_FILES[k] for k in ("safetensors", "pt", "meta"))
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """write(tmp) to a temp file beside path, fsync it, then os.replace it over path.
 
     Readers see the old file or the new one, never half of one, even if the job is killed mid-write.

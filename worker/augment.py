@@ -1,5 +1,5 @@
 """Image augmentation of a training batch, on the batch's device: random crop after zero padding, and
-horizontal flip (the spec's train.augment, app/spec.py Augment).
+horizontal flip (the spec's train.augment, app/spec/train.py Augment).
 
 This module owns how a batch is augmented and which augmentation each sample gets. The device does
 two whole-batch passes (one F.pad, one gather of every sample's flipped or unflipped crop), keeping
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from trainyard.app.spec import Augment
-from trainyard.worker.context import JobError
+from trainyard.worker.errors import JobError
 
 
 def check_images(input_shape: Sequence[int]) -> None:

@@ -1,12 +1,13 @@
 """`run` jobs: an installed entrypoint plugin, fn(ctx, config), called in the job process under
-trainyard's guarantees (the Context in worker/run_context.py carries them)."""
+trainyard's guarantees (the Context in worker/public_context.py carries them)."""
 import json
 from typing import Any
 
 from trainyard.app import plugins
 from trainyard.app.spec import RunJob
-from trainyard.worker.context import JobContext, JobError, Preempted
-from trainyard.worker.run_context import Context
+from trainyard.worker.errors import JobError, Preempted
+from trainyard.worker.job_context import JobContext
+from trainyard.worker.public_context import Context
 
 MAX_RESULT_BYTES = 64 << 10
 
@@ -19,7 +20,7 @@ def run(spec: RunJob, job: JobContext, attempt: int) -> dict[str, Any]:
     except LookupError as e:
         raise JobError(str(e)) from None
     ctx = Context(job, dict(spec.config), attempt)
-    if ctx.restore() is not None:
+    if ctx.restore() is not None and job.resume_path is not None:  # restore() reads resume_path
         job.log(f"resuming: ctx.restore() returns the checkpoint at {job.resume_path.name}")
     value = fn(ctx, dict(spec.config))
     if ctx.should_stop():

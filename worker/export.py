@@ -80,6 +80,8 @@ def _batch_dynamic() -> tuple[dict[int, Any]]:
 def _onnx(wrapper: nn.Module, example: torch.Tensor, path: Path, about: dict) -> None:
     program = torch.onnx.export(wrapper, (example,), dynamo=True, verbose=False, input_names=["input"],
                                 output_names=["probabilities"], dynamic_shapes=_batch_dynamic())
+    if program is None:  # only the legacy exporter (dynamo=False) returns none
+        raise RuntimeError("torch.onnx.export returned no program")
     program.model.metadata_props[META_NAME] = json.dumps(about)
     # One self-contained file (the weights inline, not beside it), as a download should be.
     program.save(path, external_data=False)

@@ -5,9 +5,9 @@ the same model and data, so they agree exactly.
 """
 import math
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +16,8 @@ from torch import Tensor, nn
 from trainyard.app.layout import RESULT_FILE
 from trainyard.app.spec import PredictJob, TrainJob
 from trainyard.worker import artifacts, data, torch_devices
-from trainyard.worker.context import JobContext, JobError
+from trainyard.worker.errors import JobError
+from trainyard.worker.job_context import JobContext
 
 EVAL_MIN_BATCH = 1024
 # A confusion matrix is k x k counts: past this many classes only per-class accuracy is reported.
@@ -25,7 +26,8 @@ MAX_CONFUSION_CLASSES = 1000
 
 @torch.no_grad()
 def logits_in_batches(model: nn.Module, x: Tensor, batch_size: int, device: torch.device,
-                      autocast: Callable[[], ContextManager] = nullcontext, min_batch: int | None = None) -> Tensor:
+                      autocast: Callable[[], AbstractContextManager] = nullcontext,
+                      min_batch: int | None = None) -> Tensor:
     """model(x) in batches, as float32 on device; the caller puts the model in eval mode.
 
     min_batch: on an out-of-memory error (a GPU job's budget) the batch halves, down to min_batch,
@@ -47,7 +49,7 @@ def logits_in_batches(model: nn.Module, x: Tensor, batch_size: int, device: torc
 
 
 def evaluate(model: nn.Module, x: Tensor, y: Tensor, batch_size: int, device: torch.device,
-             autocast: Callable[[], ContextManager] = nullcontext,
+             autocast: Callable[[], AbstractContextManager] = nullcontext,
              min_batch: int | None = None) -> tuple[float, float, Tensor]:
     """(mean cross-entropy, accuracy, predicted classes) of model on (x, y), in eval mode; batches as
     logits_in_batches() takes them."""
@@ -93,7 +95,10 @@ def _predict(spec: PredictJob, ctx: JobContext, model_dir: Path,
     autocast = lambda: torch_devices.autocast(ctx.device, precision)  # noqa: E731
 
     if spec.inputs is not None:
-        return _predict_inputs(spec, ctx, model, input_shape, class_names, dataset, autocast, pixels=pixels)
+        return _predict_inputs(spec, spec.inputs, ctx, model, input_shape, class_names, dataset, autocast,
+                               pixels=pixels)
+    if spec.data is None:  # the spec names inputs or data (app/spec checks)
+        raise JobError("a predict job needs inputs or data")
 
     x, y, _names = data.split_for_predict(spec.data, train_data, ctx.data_dir, ctx.device)
     if tuple(x.shape[1:]) != input_shape:
@@ -135,17 +140,18 @@ def output_names(meta: dict[str, Any]) -> list[str]:
     return names + [str(i) for i in range(len(names), int(meta["num_classes"]))]
 
 
-def _predict_inputs(spec: PredictJob, ctx: JobContext, model: nn.Module, input_shape: tuple[int, ...],
-                    class_names: list[str], dataset: str | None, autocast, pixels: bool | None = None):
+def _predict_inputs(spec: PredictJob, inputs: list[list[float]], ctx: JobContext, model: nn.Module,
+                    input_shape: tuple[int, ...], class_names: list[str], dataset: str | None, autocast,
+                    pixels: bool | None = None):
     """Inputs are raw values in the dataset's original scale (iris: cm; digits: 0..16 per pixel;
     mnist, fashion_mnist, cifar10, fake: 0..255 per pixel, channels first, flattened), so they get
     the same normalisation training applied."""
     width = math.prod(input_shape)
-    got = len(spec.inputs[0])
+    got = len(inputs[0])
     if got != width:
         raise JobError(f"inputs: each row must have {width} values (the model takes samples of shape "
                        f"{input_shape}, flattened), got {got}")
-    x = torch.tensor(spec.inputs, dtype=torch.float32).reshape(-1, *input_shape)
+    x = torch.tensor(inputs, dtype=torch.float32).reshape(-1, *input_shape)
     x = data.normalize(dataset, x, pixels)
     model.eval()
     probs = F.softmax(logits_in_batches(model, x, spec.batch_size, ctx.device, autocast), dim=1).cpu()

@@ -1,16 +1,25 @@
 """A job's log, written by its supervisor alone and held to TRAINYARD_JOB_LOG_BYTES on disk.
 
 The job process's stdout and stderr (Python's, a C extension's, its children's) are a pipe that
-the supervisor copies here (JobRun.pump), beside its own lines (attempt, stops, errors). A job that
+the supervisor copies here (JobOutput.pump), beside its own lines (attempt, stops, errors). A job that
 prints without end (a progress bar per step) cannot grow the file past the cap: past it, the log
 keeps its first quarter and its most recent output (between a half and three quarters of the
 cap), with one line in between saying how many bytes were dropped. Each trim writes the new file
 beside the old one and renames it over it, so a reader holding the log open reads a whole one.
 Lines redrawn with carriage returns (tqdm's bars) keep only their last drawing. Torch-free.
 """
+import fcntl
+import logging
 import os
 import re
+import time
+from multiprocessing import connection
+from multiprocessing.connection import Connection
 from pathlib import Path
+
+from trainyard.app.settings import Settings
+
+log = logging.getLogger("trainyard.worker")
 
 # A line's drawings before its last carriage return (one not ending the line: "\r\n" stays).
 REDRAWN = re.compile(rb"[^\n\r]*\r(?=[^\n])")
@@ -18,6 +27,8 @@ MARK = re.compile(rb"\n\[trainyard: ([0-9,]+) bytes of output dropped here[^\n]*
 # A line still waiting for its newline is written out as it is past this many bytes.
 LONGEST_PENDING = 64 << 10
 COPY = 1 << 20
+# The job's output is copied to its log at most this much per look at its pipe (the pipe holds 1 MiB).
+PUMP_BYTES = 4 << 20
 
 
 class CappedLog:
@@ -106,3 +117,80 @@ class CappedLog:
                 size = new.tell()
         os.replace(tmp, self.path)
         self.size, self.mark = size, len(mark)
+
+
+def widen(pipe: Connection) -> None:
+    """The output pipe's read end: non-blocking (the supervisor reads what is there), and as large as
+    the host allows (up to 1 MiB), so a job printing fast waits less while the supervisor is busy."""
+    os.set_blocking(pipe.fileno(), False)
+    try:
+        fcntl.fcntl(pipe.fileno(), 1031, 1 << 20)  # F_SETPIPE_SZ
+    except OSError:
+        pass  # past /proc/sys/fs/pipe-max-size: the default 64 KiB works, more slowly
+
+
+class JobOutput:
+    """A job's log as its supervisor keeps it: the supervisor's lines, what the job process prints (the
+    non-blocking read end of its stdout/stderr pipe), and a copy in a bucket store whenever it changed."""
+
+    def __init__(self, path: Path, settings: Settings, job_id: int, pipe: Connection | None):
+        self.path, self.settings, self.job_id = path, settings, job_id
+        self.log = CappedLog(path, settings.job_log_bytes)
+        self.pipe = pipe                                # None once every writer is gone
+        self.published: tuple[int, int] | None = None  # (size, mtime) of the log when last published
+
+    def line(self, text: str) -> None:
+        self.log.line(text)
+
+    def pump(self, limit: int = PUMP_BYTES) -> None:
+        """Copy what the job (and every process it started) printed to its log, up to limit bytes."""
+        while limit > 0 and self.pipe is not None:
+            try:
+                data = os.read(self.pipe.fileno(), min(1 << 20, limit))
+            except BlockingIOError:
+                return
+            if not data:  # every writer is gone
+                self.log.finish_pending()
+                self.pipe.close()
+                self.pipe = None
+                return
+            self.log.output(data)
+            limit -= len(data)
+
+    def wait(self, conn: Connection, wait: float) -> bool:
+        """Up to `wait` seconds for the job's next event on conn, copying its output meanwhile: True if one waits."""
+        deadline = time.monotonic() + wait
+        while self.pipe is not None:
+            ready = connection.wait([conn, self.pipe], max(0.0, deadline - time.monotonic()))
+            if self.pipe in ready:
+                self.pump()
+            if conn in ready or time.monotonic() >= deadline:
+                break
+        return conn.poll(max(0.0, deadline - time.monotonic()))
+
+    def flush(self) -> None:
+        """What the job printed so far, its unfinished line included."""
+        self.pump()
+        self.log.finish_pending()
+
+    def close(self) -> None:
+        """Once every process of the job is gone: the last of its output, and no more pipe."""
+        self.pump()
+        if self.pipe is not None:
+            self.pipe.close()
+            self.pipe = None
+        self.log.finish_pending()
+
+    def publish(self) -> None:
+        """Copy the log to a bucket store when it changed (every heartbeat, and before the job's end is
+        recorded), so that the API on any host serves it. A failed upload costs a stale log, not the job."""
+        store = self.settings.store
+        if not store.remote:
+            return
+        try:
+            stat = self.path.stat()
+            if (stat.st_size, stat.st_mtime_ns) != self.published:
+                store.publish(self.path)
+                self.published = (stat.st_size, stat.st_mtime_ns)
+        except Exception as exc:
+            log.warning("job %s: log not published to %s: %s", self.job_id, store.describe(), exc)

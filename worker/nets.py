@@ -5,6 +5,7 @@ rebuild the exact module whose state_dict was saved, so every wrapper here is pa
 """
 import math
 from collections import OrderedDict
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -12,7 +13,7 @@ from torch import nn
 
 from trainyard.app import plugins
 from trainyard.app.spec import TORCHVISION_ARCHS, ModelSpec
-from trainyard.worker.context import JobError
+from trainyard.worker.errors import JobError
 
 _ACTIVATIONS = {
     "relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid,
@@ -142,7 +143,7 @@ def _torchvision(arch: str, input_shape: tuple[int, ...], num_classes: int) -> n
 
     if len(input_shape) != 3 or input_shape[0] not in (1, 3):
         raise JobError(f"{arch} expects images of shape (1 or 3, H, W), got {input_shape}")
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if arch == "googlenet":
         kwargs = {"aux_logits": False, "init_weights": True}  # a plain logits tensor in train mode too
     elif arch.startswith("vit_"):

@@ -12,22 +12,26 @@ database: it only sends events and the supervisor writes them, fenced by its cla
     {"type": "error", "error": {"class", "type", "message", "traceback"}}
     {"type": "preempted"}                          checkpointed after a stop request
 """
+import io
 import os
 import signal
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from typing import Any
 
 import torch
 
 from trainyard.app import storage
 from trainyard.app.errors import Unavailable
 from trainyard.app.layout import Layout
-from trainyard.app.spec import parse_spec
+from trainyard.app.spec import PredictJob, RunJob, TrainJob, parse_spec
 from trainyard.app.states import DEVICE_FAILURE, Failure, error_record
 from trainyard.worker import distributed, entrypoints, infer, memory, reaper, torch_devices, train
-from trainyard.worker.context import JobContext, Preempted
+from trainyard.worker.errors import JobError, Preempted
+from trainyard.worker.job_context import JobContext
 from trainyard.worker.plan import JobPlan
 
 _stop = False
@@ -59,68 +63,97 @@ def run(plan: JobPlan, conn: Connection, output: Connection | None = None) -> No
         os._exit(0)
 
 
+@dataclass
+class _Placement:
+    """How far the job got towards its device: what an error it raises is reported with."""
+    name: str                                 # its device's name (its rank's, on several devices)
+    device: torch.device | None = None
+    batch_size: int | None = None
+    world: distributed.World = field(default_factory=distributed.World)
+
+
 def execute(plan: JobPlan, emit: Callable[[dict], None], own_process: bool = False) -> None:
     """Run the job, ending with exactly one of the events done, error or preempted. In its own
     process (own_process) it first sets the process-wide limits (threads, memory) and, for a job on
     several devices, forks its other ranks (worker/distributed.py)."""
-    device, batch_size, world, name = None, None, distributed.World(), plan.device
+    where = _Placement(plan.device)
     try:
         spec = parse_spec(plan.job.spec)
         store = storage.open_store(plan.storage_url, Layout(plan.data_dir))
         _fetch(store, plan.fetch)
-        batch_size = spec.train.batch_size if spec.kind == "train" else getattr(spec, "batch_size", None)
+        where.batch_size = spec.train.batch_size if spec.kind == "train" else getattr(spec, "batch_size", None)
         # Before anything initialises CUDA (every rank inherits it through the fork below).
         torch_devices.prepare_deterministic(spec.kind == "train" and spec.train.deterministic)
         if len(plan.ranks) > 1:
             if not own_process:
                 raise RuntimeError("a job on several devices forks its ranks: run it in a process of its own")
-            world, emit = distributed.fork_ranks(len(plan.ranks), emit)
-        name = plan.ranks[world.rank] if plan.ranks else plan.device
-        if plan.rank_uuids:  # before anything touches CUDA: this rank sees its own GPU, by its UUID
-            name = distributed.pin(name, plan.rank_uuids[world.rank])
-        device = torch_devices.resolve(name)
-        # First thing on the device: the job's card becomes the current one, so nothing of this job
-        # (bf16's check, a run job's .cuda(), a library's default) lands on GPU 0, another job's card.
-        torch_devices.use_device(device)
-        if own_process:
-            _limit(plan, device)
-        distributed.init(world, device, plan.checkpoint_stem.with_name(plan.checkpoint_stem.name + ".ranks"))
+            where.world, emit = distributed.fork_ranks(len(plan.ranks), emit)
+        device = _take_device(plan, where, own_process)
         # A run job's data_dir is a directory of its own, not the service's (where the database is).
         data_dir = plan.scratch_dir if spec.kind == "run" and plan.scratch_dir else plan.data_dir
         ctx = JobContext(job_id=plan.job.id, device=device, data_dir=data_dir, artifact_dir=plan.run_dir,
                          checkpoint_path=plan.checkpoint_stem, resume_path=plan.resume_from, emit=emit,
-                         stop_requested=lambda: _stop, world=world, store=store,
+                         stop_requested=lambda: _stop, world=where.world, store=store,
                          init_dir=plan.model_dir if spec.kind == "train" else None)
-        if spec.kind == "train":
-            result = train.train(spec, ctx)
-        elif spec.kind == "run":
-            result = entrypoints.run(spec, ctx, plan.job.attempt)
-        else:
-            train_spec = parse_spec(plan.model_spec) if plan.model_spec else None
-            result = infer.predict(spec, ctx, plan.model_dir, train_spec)
-        if world.rank == 0:  # the run's model or result, for every host to read (a bucket store)
+        result = _run_kind(spec, ctx, plan)
+        if where.world.rank == 0:  # the run's model or result, for every host to read (a bucket store)
             store.publish_dir(plan.run_dir)
         emit({"type": "done", "result": result})
-    except Preempted:
-        emit({"type": "preempted"})
-    except torch_devices.EvaluationOutOfMemory as exc:  # its message already says what to change
-        emit({"type": "error", "error": _error(Failure.OOM, exc)})
-    except torch.OutOfMemoryError as exc:
-        emit({"type": "error", "error": _error(Failure.OOM, exc, torch_devices.oom_message(device, batch_size))})
-    except Unavailable as exc:  # the object store could not be reached: the host's trouble, retried
-        emit({"type": "error", "error": _error(Failure.INFRASTRUCTURE, exc)})
-    except Exception as exc:  # JobError, or an exception in training: the job's own error, not retried
-        if torch_devices.is_device_failure(exc):  # the device's, not the job's: retried on another worker
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-            error = _error(Failure.INFRASTRUCTURE, exc, f"device {name} failed: {type(exc).__name__}: {first}")
-            emit({"type": "error", "error": {**error, "type": DEVICE_FAILURE, "rank": world.rank}})
-        elif memory.is_allocation_failure(exc):
-            asked = f" ({str(exc).splitlines()[0][:200]})" if str(exc) else ""
-            message = memory.budget_message(plan.memory_budget, None, asked) if plan.memory_budget \
-                else f"out of host memory{asked}"
-            emit({"type": "error", "error": _error(Failure.OOM, exc, message)})
-        else:
-            emit({"type": "error", "error": _error(Failure.JOB, exc)})
+    except Exception as exc:
+        emit(_ending(exc, plan, where))
+
+
+def _take_device(plan: JobPlan, where: _Placement, own_process: bool) -> torch.device:
+    """This rank's device, made the current one, with the process's limits set and the ranks joined."""
+    rank = where.world.rank
+    where.name = plan.ranks[rank] if plan.ranks else plan.device
+    if plan.rank_uuids:  # before anything touches CUDA: this rank sees its own GPU, by its UUID
+        where.name = distributed.pin(where.name, plan.rank_uuids[rank])
+    device = where.device = torch_devices.resolve(where.name)
+    # First thing on the device: the job's card becomes the current one, so nothing of this job
+    # (bf16's check, a run job's .cuda(), a library's default) lands on GPU 0, another job's card.
+    torch_devices.use_device(device)
+    if own_process:
+        _limit(plan, device)
+    distributed.init(where.world, device, plan.checkpoint_stem.with_name(plan.checkpoint_stem.name + ".ranks"))
+    return device
+
+
+def _run_kind(spec: TrainJob | PredictJob | RunJob, ctx: JobContext, plan: JobPlan) -> dict[str, Any]:
+    """The job itself: train, the run job's entrypoint, or predict; its result."""
+    if spec.kind == "train":
+        return train.train(spec, ctx)
+    if spec.kind == "run":
+        return entrypoints.run(spec, ctx, plan.job.attempt)
+    model_spec = parse_spec(plan.model_spec) if plan.model_spec else None
+    if plan.model_dir is None:  # the supervisor plans a predict job with its model job's artifact
+        raise JobError("a predict job needs its model's artifact")
+    return infer.predict(spec, ctx, plan.model_dir, model_spec if isinstance(model_spec, TrainJob) else None)
+
+
+def _ending(exc: Exception, plan: JobPlan, where: _Placement) -> dict:
+    """The event that ends a job whose run raised exc: preempted, or an error of the class it deserves."""
+    if isinstance(exc, Preempted):
+        return {"type": "preempted"}
+    if isinstance(exc, torch_devices.EvaluationOutOfMemory):  # its message already says what to change
+        return {"type": "error", "error": _error(Failure.OOM, exc)}
+    if isinstance(exc, torch.OutOfMemoryError):
+        message = torch_devices.oom_message(where.device, where.batch_size) \
+            if where.device is not None and where.batch_size is not None else None
+        return {"type": "error", "error": _error(Failure.OOM, exc, message)}
+    if isinstance(exc, Unavailable):  # the object store could not be reached: the host's trouble, retried
+        return {"type": "error", "error": _error(Failure.INFRASTRUCTURE, exc)}
+    # JobError, or an exception in training: the job's own error, not retried
+    if torch_devices.is_device_failure(exc):  # the device's, not the job's: retried on another worker
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        error = _error(Failure.INFRASTRUCTURE, exc, f"device {where.name} failed: {type(exc).__name__}: {first}")
+        return {"type": "error", "error": {**error, "type": DEVICE_FAILURE, "rank": where.world.rank}}
+    if memory.is_allocation_failure(exc):
+        asked = f" ({str(exc).splitlines()[0][:200]})" if str(exc) else ""
+        message = memory.budget_message(plan.memory_budget, None, asked) if plan.memory_budget \
+            else f"out of host memory{asked}"
+        return {"type": "error", "error": _error(Failure.OOM, exc, message)}
+    return {"type": "error", "error": _error(Failure.JOB, exc)}
 
 
 def _fetch(store: storage.Store, keys: tuple[str, ...]) -> None:
@@ -142,8 +175,9 @@ def _capture_output(output: Connection | None) -> None:
     os.dup2(output.fileno(), 1)
     os.dup2(output.fileno(), 2)
     output.close()
-    sys.stdout.reconfigure(line_buffering=True)
-    sys.stderr.reconfigure(line_buffering=True)
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True)
 
 
 def _limit(plan: JobPlan, device: torch.device) -> None:

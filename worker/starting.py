@@ -1,6 +1,6 @@
 """A train job's starting point: another job's artifact (init_from) or torchvision's published weights
 (model.weights), loaded into the freshly built model before it moves to its device and before the
-optimizer exists. A checkpoint the job resumes from still overwrites them (train.resume).
+optimizer exists. A checkpoint the job resumes from still overwrites them (train_checkpoint.resume).
 
 Everything loads but the classifier head, when the number of classes differs. The head is found, not
 listed per architecture: it is the state_dict entries whose shape depends on num_classes (the model
@@ -21,8 +21,9 @@ from torch import nn
 
 from trainyard.app.spec import ModelSpec, TrainJob
 from trainyard.worker import artifacts, nets
-from trainyard.worker.context import JobContext, JobError
 from trainyard.worker.data import TensorData
+from trainyard.worker.errors import JobError
+from trainyard.worker.job_context import JobContext
 
 # A download of published weights that stalls this long (to connect, or between reads) fails the job.
 DOWNLOAD_TIMEOUT_S = 30
@@ -36,7 +37,7 @@ def apply(model: nn.Module, spec: TrainJob, data: TensorData, ctx: JobContext) -
     ctx.started_from then says where it came from and which layers were re-made."""
     if spec.init_from is not None:
         state, origin = from_job(spec, data.input_shape, ctx.init_dir)
-        started = {"init_from": spec.init_from}
+        started: dict[str, Any] = {"init_from": spec.init_from}
     elif spec.model.weights is not None:
         state, weights, path = published(spec.model.arch, spec.model.weights)
         if isinstance(getattr(model, "expand", None), nets.ExpandChannels):  # the gray-image wrapper's keys

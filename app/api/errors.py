@@ -6,7 +6,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.exceptions import HTTPException
 
@@ -16,11 +16,13 @@ log = logging.getLogger("trainyard.api")
 
 
 def install(app: FastAPI) -> None:
-    app.add_exception_handler(TrainyardError, _trainyard)
-    app.add_exception_handler(RequestValidationError, _validation)
-    app.add_exception_handler(OSError, _os_error)
-    app.add_exception_handler(DBAPIError, _database)
-    app.add_exception_handler(HTTPException, _http)
+    # The decorator form: add_exception_handler types a handler as taking any Exception, though each is
+    # called only with the class it is registered for.
+    app.exception_handler(TrainyardError)(_trainyard)
+    app.exception_handler(RequestValidationError)(_validation)
+    app.exception_handler(OSError)(_os_error)
+    app.exception_handler(DBAPIError)(_database)
+    app.exception_handler(HTTPException)(_http)
 
 
 def respond(exc: TrainyardError) -> JSONResponse:
@@ -40,7 +42,7 @@ async def _validation(request: Request, exc: RequestValidationError) -> JSONResp
     return JSONResponse({"detail": detail}, status_code=422)
 
 
-async def _http(request: Request, exc: HTTPException):
+async def _http(request: Request, exc: HTTPException) -> Response:
     # FastAPI answers a body its JSON parser gave up on with a bare 400; one nested past the parser's
     # recursion limit (about 1,000 deep) is invalid input like any other: 422 naming the body.
     if exc.status_code == 400 and isinstance(exc.__cause__, RecursionError):

@@ -5,10 +5,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from trainyard.app.queue import spec_summary
+from trainyard.app.job_summaries import spec_summary
 from trainyard.app.records import Job
 from trainyard.app.states import JobState
-from trainyard.app.sweeps import best_trial, counts, failure, summary, trial_value
+from trainyard.app.sweep_results import best_trial, counts, failure, summary, trial_value
 
 # Result keys that can be large. They live in a file beside the job's run (GET /jobs/{id}/result);
 # rows written before that held them inline, and still show only a count.
@@ -49,8 +49,9 @@ class JobSummary(BaseModel):
     checkpoint_epoch: int | None
     parameters: int | None = Field(None, description="the model's parameter count (train jobs), counted at submit")
     error: dict[str, Any] | None = Field(description="the latest error, without its traceback")
-    waiting_for: str | None = Field(None, description="a queued job no live worker can take: why (no worker for its "
-                                                      "device, plugin or GPU memory); null while it only waits its turn")
+    waiting_for: str | None = Field(None, description="a queued job no live worker can take: why (no worker for "
+                                                      "its device, plugin or GPU memory); null while it only waits "
+                                                      "its turn")
     sweep: dict[str, Any] | None = Field(None, description="a sweep's trial: {id, trial, params} (the sweep, the "
                                                           "trial's number, the values it tries)")
     summary: dict[str, Any] | None = Field(None, description="what a list shows of the spec: arch, dataset (train); "
@@ -67,7 +68,7 @@ def job_fields(job: Job, waiting_for: str | None, include: tuple[str, ...] = HEA
                summary: dict[str, Any] | None = None) -> dict[str, Any]:
     """A job as JobPublic's (or, with less included, JobListItem's) plain values, ready for
     pydantic_core.to_json: the hot reads serialise these directly, the response models document them.
-    (model_construct per item was most of a list page's cost.) summary: queue.summaries' for a job read
+    (model_construct per item was most of a list page's cost.) summary: job_summaries.summaries' for a job read
     without its spec."""
     error = job.error
     if error:
@@ -87,12 +88,12 @@ def job_fields(job: Job, waiting_for: str | None, include: tuple[str, ...] = HEA
     if "errors" in include:
         out["errors"] = [{k: v for k, v in e.items() if k != "traceback"} for e in job.errors]
     if "result" in include:
-        result = job.result
-        if result and isinstance(result.get("predictions", result.get("confusion_matrix")), list):
+        result = stored = job.result
+        if stored and isinstance(stored.get("predictions", stored.get("confusion_matrix")), list):
             # A row from before results moved beside the run: show the same summary a new one holds.
-            result = {k: v for k, v in result.items() if k not in _BULKY}
-            if isinstance(job.result.get("predictions"), list):
-                result["predictions"] = len(job.result["predictions"])
+            result = {k: v for k, v in stored.items() if k not in _BULKY}
+            if isinstance(stored.get("predictions"), list):
+                result["predictions"] = len(stored["predictions"])
         out["result"] = result
     return out
 
@@ -134,8 +135,9 @@ class JobsPublic(BaseModel):
     count: int = Field(description="jobs matching the filter, over all pages")
     limit: int
     offset: int
-    truncated: bool = Field(False, description="the page ended before `limit` items though more match: its bytes "
-                                               "reached TRAINYARD_MAX_LIST_BYTES (include less, or go on at next_offset)")
+    truncated: bool = Field(False, description="the page ended before `limit` items though more match: its "
+                                               "bytes reached TRAINYARD_MAX_LIST_BYTES (include less, or go on at "
+                                               "next_offset)")
     next_offset: int | None = Field(None, description="the offset of the next page; null on the last")
 
 
@@ -221,9 +223,16 @@ class SweepsPublic(BaseModel):
     offset: int
 
 
+def trial_of(job: Job) -> dict[str, Any]:
+    """A sweep's trial's {id, trial, params}: every job a sweep lists has one."""
+    if job.sweep is None:
+        raise ValueError(f"job {job.id} is not a sweep's trial")
+    return job.sweep
+
+
 def trial_fields(job: Job, metric: str, best: Job | None) -> dict[str, Any]:
-    return dict(trial=job.sweep["trial"], job_id=job.id, state=job.state, failure=failure(job),
-                params=job.sweep["params"], value=trial_value(job, metric), epoch=job.epoch, epochs=job.epochs,
+    return dict(trial=trial_of(job)["trial"], job_id=job.id, state=job.state, failure=failure(job),
+                params=trial_of(job)["params"], value=trial_value(job, metric), epoch=job.epoch, epochs=job.epochs,
                 best=best is not None and best.id == job.id, created_at=ts(job.created_at),
                 started_at=ts(job.started_at), finished_at=ts(job.finished_at))
 
@@ -238,7 +247,7 @@ def sweep_fields(row: dict, found: list[Job], with_trials: bool = True) -> dict[
         id=row["id"], name=row["name"], state=row["state"], method=plan["method"], metric=plan["metric"],
         direction=plan["direction"], max_trials=plan["max_trials"], max_concurrent=plan["max_concurrent"],
         trial_count=max(row["trial_count"], len(found)), counts=counts(found),
-        best=None if best is None else {"trial": best.sweep["trial"], "job_id": best.id, "params": best.sweep["params"],
-                                        "value": trial_value(best, plan["metric"])},
+        best=None if best is None else {"trial": trial_of(best)["trial"], "job_id": best.id,
+                                        "params": trial_of(best)["params"], "value": trial_value(best, plan["metric"])},
         created_at=ts(row["created_at"]), finished_at=ts(row["finished_at"]), error=row["error"],
         spec=row.get("spec"), trials=[trial_fields(j, plan["metric"], best) for j in found] if with_trials else None)

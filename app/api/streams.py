@@ -60,7 +60,7 @@ class _Watch:
     """One watched sweep: what was sent of it (so that a new subscriber starts from the same state) and its
     subscribers' queues."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.subscribers: set[asyncio.Queue] = set()
         self.trials: dict[int, ServerSentEvent] = {}
         self.sweep: ServerSentEvent | None = None
@@ -109,7 +109,8 @@ class SweepHub:
             watch.subscribers.discard(q)
 
     async def _poll(self, sweep_id: int, watch: _Watch) -> None:
-        sent_sweep, sent_trials = None, {}
+        sent_sweep: dict[str, Any] | None = None
+        sent_trials: dict[int, tuple] = {}
         try:
             while watch.subscribers or watch.sweep is None:
                 try:

@@ -63,7 +63,9 @@ def cmd_gpu_check(args) -> int:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}, "PYTHONUNBUFFERED": "1"}
     if checks_dir:  # bench.* and tests.* importable by every check's processes, wherever they run
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checks_dir), env.get("PYTHONPATH")]))
-    limit = (lambda c: args.timeout) if args.timeout else LIMITS.get
+
+    def limit(check: str) -> float:
+        return args.timeout or LIMITS[check]
 
     ok, probed = run_check([*STEP, "probe"], LIMITS["probe"], env)
     try:
@@ -125,6 +127,7 @@ def cuda_test_files(checks_dir: Path) -> list[str]:
 
 def _argv(check: str, devices: list[str], checks_dir: Path | None, device: str) -> list[str]:
     if check == "cuda-tests":
+        assert checks_dir is not None, "cmd_gpu_check fails the CUDA tests without a checks dir"
         return [*STEP, "cuda-tests", device, *cuda_test_files(checks_dir)]
     if check == "throughput":
         return [*STEP, "throughput", devices[0]]

@@ -6,12 +6,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from trainyard.app.launcher import Service
 from trainyard.app.states import JobState
 
-JOB = {"kind": "train", "name": "gpu-check", "model": {"arch": "cifar_net"},
+JOB: dict[str, Any] = {"kind": "train", "name": "gpu-check", "model": {"arch": "cifar_net"},
        "data": {"dataset": "fake", "image_size": [3, 32, 32], "num_classes": 10, "size": 2000},
        "train": {"epochs": 3, "batch_size": 64, "optimizer": "sgd", "lr": 0.01, "momentum": 0.9}}
 
@@ -26,8 +28,8 @@ def job(device: str, **over) -> dict:
 def probe() -> tuple[bool, str]:
     import torch  # this process only: the command stays torch-free, and a hung CUDA init hangs only this
 
-    from trainyard.app import hardware
-    nvml = hardware.nvml_devices() or []
+    from trainyard.app.nvml import nvml_devices
+    nvml = nvml_devices() or []
     info = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
             "driver": f"{nvml[0].get('driver_version')} (supports CUDA {nvml[0].get('cuda_driver_version')})"
             if nvml else None, "nvml": nvml, "names": [], "cuda_count": 0,
@@ -134,8 +136,8 @@ def throughput(device: str) -> tuple[bool, str]:
     return True, "service / hand-written loop, samples/s: " + "; ".join(ratios)
 
 
-STEPS = {"probe": probe, "cuda-tests": cuda_tests, "service": service_job, "ddp": two_device_job,
-         "throughput": throughput}
+STEPS: dict[str, Callable[..., tuple[bool, str]]] = {
+    "probe": probe, "cuda-tests": cuda_tests, "service": service_job, "ddp": two_device_job, "throughput": throughput}
 
 if __name__ == "__main__":
     try:

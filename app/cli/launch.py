@@ -66,20 +66,20 @@ def cmd_worker(args) -> int:
 
 
 def cmd_db(args) -> int:
-    from trainyard.app import schema
+    from trainyard.app import migrate
     from trainyard.app.db import make_engine
     settings = get_settings()
     settings.ensure_dirs()
     engine = make_engine(settings.db_url)
     try:
         if args.action == "upgrade":
-            before, after = schema.upgrade(engine)
+            before, after = migrate.upgrade(engine)
             print(f"database schema: {before or 'empty'} -> {after}" if before != after
                   else f"database schema: {after}, up to date")
         else:
-            now, wanted = schema.current(engine), schema.head()
+            now, wanted = migrate.current(engine), migrate.head()
             print(f"database schema: {now or 'empty'}; this trainyard: {wanted}" +
-                  ("" if now == wanted else f"; run `{schema.UPGRADE_COMMAND}`"))
+                  ("" if now == wanted else f"; run `{migrate.UPGRADE_COMMAND}`"))
     finally:
         engine.dispose()
     return 0
@@ -87,13 +87,13 @@ def cmd_db(args) -> int:
 
 def _schema_ready(settings, role: str) -> None:
     """Upgrade an embedded database, or stop here with what to run when a shared one is behind."""
-    from trainyard.app import schema
+    from trainyard.app import migrate
     from trainyard.app.db import make_engine
     settings.ensure_dirs()
     engine = make_engine(settings.db_url)
     try:
-        schema.prepare(engine)
-    except schema.SchemaBehind as exc:
+        migrate.prepare(engine)
+    except migrate.SchemaBehind as exc:
         raise SystemExit(f"trainyard {role}: {exc}") from None
     finally:
         engine.dispose()
@@ -101,7 +101,7 @@ def _schema_ready(settings, role: str) -> None:
 
 def cmd_up(args) -> int:
     """The server plus one worker per visible CUDA device (or CPU workers), stopped together on Ctrl-C."""
-    from trainyard.app.hardware import visible_cuda_count
+    from trainyard.app.gpu_order import visible_cuda_count
     from trainyard.app.launcher import Service
     settings = get_settings()
     _schema_ready(settings, "up")  # once, before the server and the workers start together

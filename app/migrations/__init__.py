@@ -1,1 +1,1 @@
-"""Alembic migrations of trainyard's database (app/schema.py runs them; `trainyard db upgrade`)."""
+"""Alembic migrations of trainyard's database (app/migrate.py runs them; `trainyard db upgrade`)."""

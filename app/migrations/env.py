@@ -1,4 +1,4 @@
-"""Alembic's entry point: runs the revisions on the connection app/schema.py hands over, inside its
+"""Alembic's entry point: runs the revisions on the connection app/migrate.py hands over, inside its
 transaction (so that a schema change is all or nothing, and serialised between processes)."""
 from alembic import context
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainyard.app.errors import Invalid, TooLarge
+from trainyard.app.errors import Invalid, TooLarge, TrainyardError
 from trainyard.app.settings import Settings
 
 ACCEPTED = ".csv (with label_column), .npz (arrays x and y), .zip (ImageFolder: one folder of images per class)"
@@ -42,7 +42,7 @@ class Limits:
         return min(self.max_decoded_bytes, self.decode_allowance + self.decode_ratio * upload_bytes)
 
 
-def refuse(field: str, message: str, too_large: bool = False) -> Invalid:
+def refuse(field: str, message: str, too_large: bool = False) -> TrainyardError:
     """The error for a malformed upload (422) or one over a limit (413), naming the form field."""
     return (TooLarge if too_large else Invalid)(f"{field}: {message}", loc=(field,))
 

@@ -109,7 +109,9 @@ def parse_imagefolder(f: BinaryIO, limits: Limits, upload_bytes: int) -> tuple[n
     index = {c: i for i, c in enumerate(classes)}
     y = np.array([index[p[0]] for p, _ in members], dtype=np.int64)
     cap = min(limits.max_member_bytes, limits.decoded(upload_bytes))
-    x, first, gray = None, None, True
+    x = np.empty((0, 3, 0, 0), dtype=np.uint8)  # sized by the first image
+    first: tuple[str, tuple[int, int]] | None = None
+    gray = True
     for i, (_, info) in enumerate(members):
         img = _open_image(read_member(zf, info, cap), info.filename, limits)
         if first is None:

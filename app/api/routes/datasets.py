@@ -1,4 +1,4 @@
-"""Routes for uploaded datasets: upload (multipart), list, read, delete. app/uploads.py does the work."""
+"""Routes for uploaded datasets: upload (multipart), list, read, delete. The package app/uploads does the work."""
 from datetime import datetime
 from typing import Annotated, Literal
 

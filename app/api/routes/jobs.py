@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from trainyard.app import admission, exports, queue, storage
+from trainyard.app import admission, exports, job_reads, job_summaries, queue, storage, submit
 from trainyard.app.api.deps import EngineDep, ReaderDep, SettingsDep
 from trainyard.app.api.schemas import HEAVY, NOT_FOUND, JobPublic, JobsPublic, MetricPublic, job_fields, responses
 from trainyard.app.errors import Conflict, Gone, NotFound
@@ -52,7 +52,7 @@ async def submit_job(spec: Annotated[JobSpec, Body(openapi_examples=EXAMPLES)], 
 
 def _submit(engine, settings, spec, idempotency_key):
     admitted = admission.admit(engine, settings, spec)
-    return queue.enqueue(engine, spec, idempotency_key, admitted.parameters, admitted.needs)
+    return submit.enqueue(engine, spec, idempotency_key, admitted.parameters, admitted.needs)
 
 
 @router.get("", response_model=JobsPublic)
@@ -64,7 +64,8 @@ async def list_jobs(settings: SettingsDep, reader: ReaderDep,
                     sweep: Annotated[int | None, Query(ge=1, le=MAX_ID, description="a sweep's trials")] = None,
                     include: Annotated[str | None, Query(
                         pattern=INCLUDE_PATTERN, max_length=40, examples=["spec,result"],
-                        description="comma-separated: spec, errors, result (left out of list items by default)")] = None,
+                        description="comma-separated: spec, errors, result (left out of list items by default)",
+                    )] = None,
                     ) -> Response:
     """A page of jobs, newest first. Items are light: a job's spec, errors and result are left out
     unless `include` names them (GET /jobs/{id} has all of it); `summary` has what a list shows of the spec.
@@ -73,15 +74,16 @@ async def list_jobs(settings: SettingsDep, reader: ReaderDep,
     wanted = tuple(sorted(set(include.split(",")))) if include else ()
 
     def read(engine):
-        rows, count = queue.list_jobs(engine, state, kind, limit, offset, sweep_id=sweep,
-                                      leave_out=tuple(h for h in HEAVY if h not in wanted),
-                                      max_bytes=settings.max_list_bytes)
-        return rows, count, admission.why_waiting(engine, settings, rows), queue.summaries(engine, rows)
+        rows, count = job_reads.list_jobs(engine, state, kind, limit, offset, sweep_id=sweep,
+                                          leave_out=tuple(h for h in HEAVY if h not in wanted),
+                                          max_bytes=settings.max_list_bytes)
+        return rows, count, admission.why_waiting(engine, settings, rows), job_summaries.summaries(engine, rows)
     rows, count, waiting, about = await reader.run(read)
     after = offset + len(rows)
     return as_json({"data": [job_fields(r, waiting.get(r.id), wanted, about.get(r.id)) for r in rows],
                     "count": count, "limit": limit, "offset": offset,
-                    "truncated": len(rows) < min(limit, count - offset), "next_offset": after if after < count else None})
+                    "truncated": len(rows) < min(limit, count - offset),
+                    "next_offset": after if after < count else None})
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
@@ -90,7 +92,7 @@ async def get_job(job_id: JobId, request: Request) -> Response:
     settings, reader = request.app.state.settings, request.app.state.reader
 
     def read(engine):
-        job = queue.get_job(engine, job_id)
+        job = job_reads.get_job(engine, job_id)
         return job, admission.why_waiting(engine, settings, [job]).get(job.id)
     job, waiting = await reader.run(read)
     return as_json(job_fields(job, waiting))
@@ -123,7 +125,7 @@ def job_metrics(job_id: JobId, engine: EngineDep, settings: SettingsDep,
                 limit: Annotated[int, Query(ge=1, le=MAX_METRICS_PAGE)] = MAX_METRICS_PAGE) -> Response:
     """The job's epoch records after `since`, oldest first: at most `limit`, and about TRAINYARD_MAX_LIST_BYTES
     (the first always). When more follow, the `X-Next-Since` header holds the `since` of the next page."""
-    records, more = queue.metrics_page(engine, job_id, since, limit, settings.max_list_bytes)
+    records, more = job_reads.metrics_page(engine, job_id, since, limit, settings.max_list_bytes)
     # Every declared field in every record, null where an epoch did not report it (as response_model did).
     records = [{**METRIC_BLANKS, **r} for r in records]
     return as_json(records, headers={NEXT_SINCE: str(records[-1]["epoch"])} if more and records else None)
@@ -131,7 +133,7 @@ def job_metrics(job_id: JobId, engine: EngineDep, settings: SettingsDep,
 
 async def existing_job(job_id: JobId, engine: EngineDep) -> Job:
     """The job, or 404 before a stream starts."""
-    return await run_in_threadpool(queue.get_job, engine, job_id)
+    return await run_in_threadpool(job_reads.get_job, engine, job_id)
 
 
 async def stream_slot(job_id: JobId, request: Request) -> AsyncIterator[None]:
@@ -145,14 +147,15 @@ async def stream_slot(job_id: JobId, request: Request) -> AsyncIterator[None]:
                        **NOT_FOUND, 503: {"description": "too many event streams open (on this job, or on this "
                                                          "server process)"}})
 async def job_events(job: Annotated[Job, Depends(existing_job)], engine: EngineDep, request: Request,
-                     last_event_id: Annotated[str | None, Header(max_length=64)] = None) -> AsyncIterator[ServerSentEvent]:
+                     last_event_id: Annotated[str | None, Header(max_length=64)] = None,
+                     ) -> AsyncIterator[ServerSentEvent]:
     """Server-Sent Events: `state` on every change of state or run, `epoch` for each epoch's metrics,
     then `end` when the job ends. Each event's id is `<run>.<epoch>`: a client that reconnects with
     `Last-Event-ID` gets the current state and the epochs it has not seen (all of a run's epochs after
     its checkpoint when the job was resumed since); without it, all the job's epochs."""
     sent_state, last_epoch = None, _seen_epoch(last_event_id, job)
     while not await request.is_disconnected():
-        job = await run_in_threadpool(queue.get_job, engine, job.id)
+        job = await run_in_threadpool(job_reads.get_job, engine, job.id)
         if (job.state, job.claim) != sent_state:
             if sent_state is not None and job.claim != sent_state[1] and job.state != JobState.RUNNING:
                 # The run started and ended between two polls: still tell the client it ran.
@@ -164,7 +167,7 @@ async def job_events(job: Annotated[Job, Depends(existing_job)], engine: EngineD
             yield _event("state", JobPublic.from_job(job), job, last_epoch)
         more = True
         while more:  # a page at a time: a job that reported megabytes an epoch is never read whole
-            page, more = await run_in_threadpool(queue.metrics_page, engine, job.id, last_epoch, MAX_METRICS_PAGE,
+            page, more = await run_in_threadpool(job_reads.metrics_page, engine, job.id, last_epoch, MAX_METRICS_PAGE,
                                                  request.app.state.settings.max_list_bytes)
             for m in page:
                 last_epoch = m["epoch"]
@@ -194,7 +197,7 @@ def _event(name: str, data, job: Job, epoch: int) -> ServerSentEvent:
 def job_result(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> Response:
     """The whole result. A prediction's rows and an evaluation's confusion matrix live in a file beside
     the job's run (streamed from storage here); the job itself carries only their summary."""
-    job = queue.get_job(engine, job_id)
+    job = job_reads.get_job(engine, job_id)
     if job.state != JobState.SUCCEEDED:
         raise Conflict(f"job {job_id} is {job.state}; a result exists once it has succeeded")
     if job.kind == "predict" and job.artifact_path:
@@ -219,7 +222,7 @@ async def job_artifact(job_id: JobId, engine: EngineDep, settings: SettingsDep, 
     """The job's model. onnx, pt2 and torchscript take float32 rows of raw values, (N, width) like a
     predict job's `inputs`, and return class probabilities; each is exported on its first request
     (seconds) and served from the store after that."""
-    job = await run_in_threadpool(queue.get_job, engine, job_id)
+    job = await run_in_threadpool(job_reads.get_job, engine, job_id)
     if job.kind == "predict":
         raise NotFound(f"job {job_id} is a predict job; train jobs (and run jobs that save a model) have artifacts")
     if job.state != JobState.SUCCEEDED or not job.artifact_path:
@@ -264,7 +267,8 @@ MAX_LOG_BYTE = 1 << 50
 @router.get("/{job_id}/logs", response_class=PlainTextResponse,
             responses={200: {"headers": {
                 LOG_SIZE: {"description": "the log's size in bytes when read", "schema": {"type": "integer"}},
-                LOG_START: {"description": "the byte of the log this answer starts at", "schema": {"type": "integer"}}}},
+                LOG_START: {"description": "the byte of the log this answer starts at",
+                            "schema": {"type": "integer"}}}},
                 **NOT_FOUND})
 def job_logs(job_id: JobId, engine: EngineDep, settings: SettingsDep,
              tail: Annotated[int | None, Query(ge=1, le=MAX_LOG_BYTE, description=(
@@ -277,7 +281,7 @@ def job_logs(job_id: JobId, engine: EngineDep, settings: SettingsDep,
     if tail is not None and offset:
         raise RequestValidationError([{"loc": ("query", "tail"), "msg": "give tail or offset, not both",
                                        "type": "value_error", "input": tail}])
-    queue.get_job(engine, job_id)
+    job_reads.get_job(engine, job_id)
     key = settings.layout.rel(settings.layout.log(job_id))
     try:  # with tail, one byte more: whether the window starts a line
         size, first, chunks = settings.store.read_range(key, offset, None if tail is None else tail + 1)

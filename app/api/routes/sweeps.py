@@ -1,18 +1,21 @@
 """Routes for sweeps: submit, list, read, trials, curves, events, cancel."""
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, cast
 
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from trainyard.app import sweeps
+from trainyard.app import sweep_reads, sweep_store
 from trainyard.app.api.deps import EngineDep, SettingsDep
 from trainyard.app.api.routes.jobs import as_json
 from trainyard.app.api.schemas import SweepPublic, SweepsPublic, TrialPublic, responses, sweep_fields
 from trainyard.app.errors import Conflict
+from trainyard.app.records import Sweep
 from trainyard.app.spec import MAX_ID, TRAIN_EXAMPLE, SweepSpec
+from trainyard.app.states import SWEEP_STATES, SweepState
+from trainyard.app.sweep_curves import MAX_CURVE_POINTS, curves
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 SweepId = Annotated[int, PathParam(ge=1, le=MAX_ID)]
@@ -20,7 +23,7 @@ NOT_FOUND = responses(not_found="no such sweep")
 EVENTS_POLL_S = 0.5  # how often the hub reads a watched sweep
 
 EXAMPLE = {
-    "name": "iris-lr", "job": {**TRAIN_EXAMPLE, "train": {**TRAIN_EXAMPLE["train"], "epochs": 30}},
+    "name": "iris-lr", "job": {**TRAIN_EXAMPLE, "train": {**cast(dict, TRAIN_EXAMPLE["train"]), "epochs": 30}},
     "parameters": {"train.lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True},
                    "model.hidden": {"type": "choice", "values": [[8], [16, 16], [32]]}},
     "method": "tpe", "metric": "val_loss", "max_trials": 12, "max_concurrent": 2, "startup_trials": 4,
@@ -28,14 +31,18 @@ EXAMPLE = {
 }
 
 
-def _sweep(engine, sweep_id: int, with_trials: bool = True) -> dict:
-    row = sweeps.get(engine, sweep_id)
-    return sweep_fields(row, sweeps.trials(engine, [sweep_id])[sweep_id], with_trials)
+def _fields(engine, sweep: Sweep, with_trials: bool = True) -> dict:
+    """SweepPublic's values of the sweep, its trials read."""
+    return sweep_fields(sweep.as_dict(), sweep_reads.trials(engine, [sweep.id])[sweep.id], with_trials)
+
+
+def _sweep(engine, sweep_id: int) -> dict:
+    return _fields(engine, sweep_reads.get(engine, sweep_id))
 
 
 def watched(engine, sweep_id: int) -> dict:
     """What the event stream follows: the sweep without its spec (never read whole for it), with its trials."""
-    return sweep_fields(sweeps.get_summary(engine, sweep_id), sweeps.trials(engine, [sweep_id])[sweep_id])
+    return _fields(engine, sweep_reads.get_summary(engine, sweep_id))
 
 
 @router.post("", status_code=201, response_model=SweepPublic,
@@ -48,25 +55,25 @@ async def submit_sweep(spec: Annotated[SweepSpec, Body(openapi_examples={"tpe": 
     a second). Bad paths, ranges on fields that are not numbers, values the job spec refuses and a grid
     larger than max_trials are refused with 422 naming the field; past TRAINYARD_MAX_RUNNING_SWEEPS sweeps
     running, 409."""
-    running = len(await run_in_threadpool(sweeps.running, engine))
+    running = len(await run_in_threadpool(sweep_reads.running, engine))
     if running >= settings.max_running_sweeps:
         raise Conflict(f"{running} sweeps are running, the limit (TRAINYARD_MAX_RUNNING_SWEEPS); wait for one to "
                        "end, or cancel one")
-    row = await run_in_threadpool(sweeps.create, engine, settings, spec)
+    made = await run_in_threadpool(sweep_store.create, engine, settings, spec)
     searcher = getattr(request.app.state, "searcher", None)
     if searcher is not None:
         searcher.poke()  # this process may be the one that drives sweeps: start the trials now
-    return as_json(sweep_fields(row, []), 201)
+    return as_json(sweep_fields(made.as_dict(), []), 201)
 
 
 @router.get("", response_model=SweepsPublic)
-def list_sweeps(engine: EngineDep, state: Annotated[str | None, Query(pattern=f"^({'|'.join(sweeps.SWEEP_STATES)})$")]
+def list_sweeps(engine: EngineDep, state: Annotated[str | None, Query(pattern=f"^({'|'.join(SWEEP_STATES)})$")]
                 = None, limit: Annotated[int, Query(ge=1, le=500)] = 50,
                 offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> Response:
     """Sweeps, newest first (without their trials: GET /sweeps/{id} has them)."""
-    rows, count = sweeps.page(engine, state, limit, offset)
-    found = sweeps.trials(engine, [r["id"] for r in rows])
-    return as_json({"data": [sweep_fields(r, found[r["id"]], with_trials=False) for r in rows], "count": count,
+    rows, count = sweep_reads.page(engine, SweepState(state) if state else None, limit, offset)
+    found = sweep_reads.trials(engine, [r.id for r in rows])
+    return as_json({"data": [sweep_fields(r.as_dict(), found[r.id], with_trials=False) for r in rows], "count": count,
                     "limit": limit, "offset": offset})
 
 
@@ -85,26 +92,26 @@ def sweep_trials(sweep_id: SweepId, engine: EngineDep) -> Response:
 def sweep_curves(sweep_id: SweepId, engine: EngineDep,
                  since: Annotated[int, Query(ge=0, le=2**62, description="the `next` of the page before; 0: from the "
                                              "start")] = 0,
-                 limit: Annotated[int, Query(ge=1, le=sweeps.MAX_CURVE_POINTS, description="points at most")]
-                 = sweeps.MAX_CURVE_POINTS) -> Response:
+                 limit: Annotated[int, Query(ge=1, le=MAX_CURVE_POINTS, description="points at most")]
+                 = MAX_CURVE_POINTS) -> Response:
     """Every trial's metric per epoch ([epoch, value] points), for one chart, a page at a time: the points
     recorded after `since`, in the order they were recorded; `next` is the cursor of the next page (and, once
     `more` is false, of the points that will come), so a client that keeps it reads each point once. An epoch
     recorded again (a resumed run) comes again: its last point holds."""
-    return as_json(sweeps.curves(engine, sweep_id, since, limit))
+    return as_json(curves(engine, sweep_id, since, limit))
 
 
 @router.post("/{sweep_id}/cancel", response_model=SweepPublic,
              responses={**NOT_FOUND, **responses(conflict="the sweep has ended")})
 def cancel_sweep(sweep_id: SweepId, engine: EngineDep) -> Response:
     """End the sweep and cancel its queued and running trials (stopped within 2 s); finished trials stay."""
-    sweeps.cancel(engine, sweep_id)
+    sweep_store.cancel(engine, sweep_id)
     return as_json(_sweep(engine, sweep_id))
 
 
 async def stream_slot(sweep_id: SweepId, engine: EngineDep, request: Request) -> AsyncIterator[None]:
     """The sweep (404 before a stream starts) and a slot for its stream (503 when the caps are reached)."""
-    await run_in_threadpool(sweeps.get_summary, engine, sweep_id)
+    await run_in_threadpool(sweep_reads.get_summary, engine, sweep_id)
     with request.app.state.streams.hold(f"sweep {sweep_id}"):
         yield
 

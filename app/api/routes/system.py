@@ -4,7 +4,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from trainyard.app import admission, hardware, metrics, queue, spec
+from trainyard.app import admission, devices_payload, job_reads, metrics, spec
 from trainyard.app import workers as workers_registry
 from trainyard.app.api.deps import EngineDep, SettingsDep
 from trainyard.app.api.schemas import WorkerPublic, responses, ts
@@ -17,7 +17,7 @@ health_router = APIRouter(tags=["system"])
 async def get_devices(engine: EngineDep, settings: SettingsDep) -> dict:
     """CUDA devices (from NVML, never a CUDA context in this process), their workers' torch allocator
     stats (from heartbeats), and the CPU."""
-    return await run_in_threadpool(hardware.snapshot, engine, settings.lease_s, settings.node)
+    return await run_in_threadpool(devices_payload.snapshot, engine, settings.lease_s, settings.node)
 
 
 @router.get("/metrics", response_class=Response,
@@ -76,5 +76,5 @@ def _public(w: dict, now: float, lease_s: float) -> WorkerPublic:
 def healthz(engine: EngineDep) -> dict:
     """The server answers and its database does (one trivial query: a health check must stay cheap
     whatever the jobs hold)."""
-    queue.ping(engine)
+    job_reads.ping(engine)
     return {"status": "ok"}

@@ -545,17 +545,24 @@
   const LOG_TAIL_BYTES = 64 * 1024;
   const jobView = { id: null, buttons: null, progress: null, metricsKey: null, logKey: null, specKey: null };
 
+  // The head the job and sweep pages share (#job-… and #sweep-…), emptied for a new one: its title, state
+  // badge, action buttons and a new progress bar (returned, for the page to move), no "missing" note, no facts.
+  function resetHead(page, title, state, actions) {
+    const progress = progressBar(`${title} progress`);
+    $(`${page}-actions`).replaceChildren(...actions);
+    $(`${page}-progress`).replaceChildren(progress.node);
+    $(`${page}-state`).replaceChildren(badge(state, `${page}-state`));
+    setText($(`${page}-title`), title);
+    $(`${page}-missing`).hidden = true;
+    $(`${page}-facts`).replaceChildren();
+    return progress;
+  }
+
   function resetJobView(id) {
     jobView.id = id;
     jobView.metricsKey = jobView.logKey = jobView.specKey = null;
     jobView.buttons = actionButtons(id);
-    jobView.progress = progressBar(`Job ${id} progress`);
-    $("job-actions").replaceChildren(...jobView.buttons);
-    $("job-progress").replaceChildren(jobView.progress.node);
-    $("job-state").replaceChildren(badge("queued", "job-state"));
-    setText($("job-title"), `Job ${id}`);
-    $("job-missing").hidden = true;
-    $("job-facts").replaceChildren();
+    jobView.progress = resetHead("job", `Job ${id}`, "queued", jobView.buttons);
     $("job-result").replaceChildren();
     setText($("job-spec"), "");
     setText($("job-log"), "");
@@ -802,13 +809,7 @@
       type: "button", class: "btn btn-cancel", "aria-label": `Cancel sweep ${id}`, "data-testid": `cancel-sweep-${id}`,
       hidden: true, text: "Cancel", onclick: () => cancelSweep(id, sweepView.cancel),
     });
-    sweepView.progress = progressBar(`Sweep ${id} progress`);
-    $("sweep-actions").replaceChildren(sweepView.cancel);
-    $("sweep-progress").replaceChildren(sweepView.progress.node);
-    $("sweep-state").replaceChildren(badge("running", "sweep-state"));
-    setText($("sweep-title"), `Sweep ${id}`);
-    $("sweep-missing").hidden = true;
-    $("sweep-facts").replaceChildren();
+    sweepView.progress = resetHead("sweep", `Sweep ${id}`, "running", [sweepView.cancel]);
     $("trials-head").replaceChildren();
     $("trials-body").replaceChildren();
     $("trials-empty").hidden = true;

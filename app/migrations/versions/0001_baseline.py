@@ -1,6 +1,6 @@
 """The schema of the first releases (jobs, metrics, workers), as `create_all` made it before migrations.
 
-A database made then has these tables and no alembic_version: app/schema.py stamps it with this
+A database made then has these tables and no alembic_version: app/migrate.py stamps it with this
 revision before upgrading it.
 
 Revision ID: 0001
@@ -16,6 +16,32 @@ depends_on = None
 
 
 def upgrade() -> None:
+    _create_jobs()
+    op.create_table(
+        "metrics",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+        sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("epoch", sa.Integer, nullable=False),
+        sa.Column("attempt", sa.Integer, nullable=False),
+        sa.Column("data", sa.JSON, nullable=False),
+        sa.Column("created_at", sa.Float, nullable=False),
+        sa.UniqueConstraint("job_id", "epoch", name="uq_metrics_job_epoch"),
+    )
+    op.create_table(
+        "workers",
+        sa.Column("id", sa.String(200), primary_key=True),
+        sa.Column("host", sa.String(255), nullable=False),
+        sa.Column("pid", sa.Integer, nullable=False),
+        sa.Column("device", sa.String(16), nullable=False),
+        sa.Column("state", sa.String(16), nullable=False),
+        sa.Column("job_id", sa.Integer),
+        sa.Column("stats", sa.JSON),
+        sa.Column("started_at", sa.Float, nullable=False),
+        sa.Column("last_heartbeat", sa.Float, nullable=False),
+    )
+
+
+def _create_jobs() -> None:
     op.create_table(
         "jobs",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
@@ -55,28 +81,6 @@ def upgrade() -> None:
     op.create_index("ix_jobs_state", "jobs", ["state"])
     op.create_index("ix_jobs_claim_order", "jobs", ["state", "priority", "id"])
     op.create_index("ix_jobs_queued_device", "jobs", ["state", "device_req"])
-    op.create_table(
-        "metrics",
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
-        sa.Column("epoch", sa.Integer, nullable=False),
-        sa.Column("attempt", sa.Integer, nullable=False),
-        sa.Column("data", sa.JSON, nullable=False),
-        sa.Column("created_at", sa.Float, nullable=False),
-        sa.UniqueConstraint("job_id", "epoch", name="uq_metrics_job_epoch"),
-    )
-    op.create_table(
-        "workers",
-        sa.Column("id", sa.String(200), primary_key=True),
-        sa.Column("host", sa.String(255), nullable=False),
-        sa.Column("pid", sa.Integer, nullable=False),
-        sa.Column("device", sa.String(16), nullable=False),
-        sa.Column("state", sa.String(16), nullable=False),
-        sa.Column("job_id", sa.Integer),
-        sa.Column("stats", sa.JSON),
-        sa.Column("started_at", sa.Float, nullable=False),
-        sa.Column("last_heartbeat", sa.Float, nullable=False),
-    )
 
 
 def downgrade() -> None:

@@ -14,7 +14,7 @@ down_revision = "0001"
 branch_labels = None
 depends_on = None
 
-COLUMNS = {
+COLUMNS: dict[str, list[sa.Column]] = {
     "jobs": [sa.Column("need_gpu_memory", sa.BigInteger), sa.Column("gpu_key", sa.String(200)),
              sa.Column("devices", sa.Integer), sa.Column("ranks", sa.JSON)],
     "workers": [sa.Column("draining", sa.Boolean), sa.Column("lent_to", sa.Integer),

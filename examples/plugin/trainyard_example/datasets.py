@@ -4,7 +4,8 @@ from pathlib import Path
 import torch
 
 
-def blobs(data_dir: Path, n: int = 300, features: int = 5, classes: int = 3, spread: float = 1.0, seed: int = 0) -> dict:
+def blobs(data_dir: Path, n: int = 300, features: int = 5, classes: int = 3, spread: float = 1.0,
+          seed: int = 0) -> dict:
     """Gaussian blobs: `classes` clusters of points in `features` dimensions, centres 4 apart."""
     g = torch.Generator().manual_seed(seed)
     y = torch.arange(n) % classes

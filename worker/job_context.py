@@ -1,7 +1,8 @@
-"""What a running job gets from its runner: its device, its paths, and a channel to report through.
+"""JobContext: what a running job gets from its runner: its device, its paths, and a channel to report through.
 
 The training and inference code only sees this object, never the database or the supervisor,
-so it can be run and tested in-process on the CPU.
+so it can be run and tested in-process on the CPU. A `run` job's own program gets the public
+trainyard.Context (worker/public_context.py), which wraps this one.
 """
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,15 +12,8 @@ from typing import Any
 import torch
 
 from trainyard.app.storage import Store
+from trainyard.worker import artifacts
 from trainyard.worker.distributed import World
-
-
-class JobError(Exception):
-    """The job cannot run as specified (the spec does not fit the data, the loss diverged...): not retried."""
-
-
-class Preempted(Exception):
-    """The worker asked the job to stop; it has checkpointed and should be requeued."""
 
 
 @dataclass
@@ -56,7 +50,6 @@ class JobContext:
     def save_checkpoint(self, epoch: int, step: int, state: dict[str, Any]) -> None:
         """Write a checkpoint (atomically, to a file of its own), publish it to the store, then report it:
         the database points only at checkpoints every host can read."""
-        from trainyard.worker import artifacts
         path = self.checkpoint_file(epoch, step)
         artifacts.save_checkpoint(path, state)
         if self.store is not None:
@@ -70,7 +63,6 @@ class JobContext:
         """The checkpoint this run resumes from, None if there is none. One the database points at that
         cannot be read (a lost disk, a host that never had it, a torn file) means starting over: the
         supervisor is told once (a `restart` event) and drops the earlier runs' metrics."""
-        from trainyard.worker import artifacts  # here: artifacts imports nets, which imports this module
         if self.resume_path is None:
             return None
         try:

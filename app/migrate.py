@@ -1,4 +1,4 @@
-"""The database schema's version: Alembic migrations (app/migrations), run by `trainyard db upgrade`.
+"""Migrating the database to this release's schema: Alembic migrations (app/migrations), run by `trainyard db upgrade`.
 
 The embedded SQLite database upgrades itself when a server or worker starts. A PostgreSQL database
 is shared by hosts that may run different releases during a rollout, so it is upgraded only on
@@ -30,7 +30,11 @@ class SchemaBehind(RuntimeError):
 
 
 def head() -> str:
-    return ScriptDirectory.from_config(_config()).get_current_head()
+    """This release's revision: the newest of app/migrations."""
+    newest = ScriptDirectory.from_config(_config()).get_current_head()
+    if newest is None:
+        raise RuntimeError(f"no migrations in {MIGRATIONS}: this trainyard is installed without them")
+    return newest
 
 
 def current(engine: Engine) -> str | None:

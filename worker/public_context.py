@@ -32,13 +32,17 @@ from torch import nn
 
 from trainyard.app.spec import MAX_META_FILE_BYTES, MAX_METRIC_KEYS, MAX_METRIC_NAME, MAX_MODEL_META_BYTES, ModelSpec
 from trainyard.worker import artifacts, distributed, nets, torch_devices
-from trainyard.worker.context import JobContext, JobError
+from trainyard.worker.errors import JobError
+from trainyard.worker.job_context import JobContext
 
 # Types a checkpoint may hold: restore() loads it with torch.load(weights_only=True), nothing unpickled.
 _PLAIN = (torch.Tensor, int, float, bool, str, bytes, type(None), torch.Size, torch.dtype, torch.device)
 
 
 class Context:
+    directory: Path      # Context.local(): the temporary directory it keeps everything in
+    events: list[dict]   # Context.local(): every event the job sent
+
     def __init__(self, job: JobContext, config: dict[str, Any], attempt: int = 1):
         self._job = job
         self.config = config

@@ -1,0 +1,69 @@
+"""The server's background duties: the lease reaper and the sweeps' driver, each a thread of its own.
+
+Both run in every server process and do their work in one per host, the holder of a file lock
+(settings.layout's housekeeping and sweeps locks): `serve --workers N` starts N processes, and if the
+holder dies the lock is free and another takes over. `Duties.start` is called when the app starts
+serving, `stop` when it shuts down.
+"""
+import fcntl
+import logging
+import os
+import threading
+from pathlib import Path
+
+from sqlalchemy.engine import Engine
+
+from trainyard.app import queue, search
+from trainyard.app.settings import Settings
+
+log = logging.getLogger("trainyard.api")
+
+
+class Duties:
+    """The server's background threads; `searcher` is the sweeps' driver (routes poke it to start trials now)."""
+
+    def __init__(self, engine: Engine, settings: Settings):
+        self.stopping = threading.Event()
+        self.searcher = search.Searcher(engine, settings)
+        layout = settings.layout
+        self.threads = [
+            threading.Thread(target=reap, args=(engine, settings.lease_s / 3, self.stopping, layout.housekeeping_lock),
+                             daemon=True, name="lease-reaper"),
+            threading.Thread(target=self.searcher.run, args=(self.stopping, layout.sweeps_lock),
+                             daemon=True, name="sweeps"),
+        ]
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.searcher.poke()  # it may be waiting for work: let it see the stop now
+        for thread in self.threads:
+            thread.join(timeout=5)
+
+
+def reap(engine: Engine, every_s: float, stop: threading.Event, lock_path: Path) -> None:
+    """Requeue jobs whose worker vanished, even when no worker is left to notice.
+
+    Workers run the same sweep in their housekeeping, on purpose: with several hosts, any live
+    process that can reach the database recovers a lost job, whether or not this server is up.
+    requeue_expired is fenced per job, so several sweeps at once requeue each job once; the cost
+    is one indexed read per sweep. Of a host's server processes only the one holding the
+    housekeeping lock sweeps."""
+    held = False
+    with open(lock_path, "a") as lock:
+        while not stop.wait(every_s):
+            if not held:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # another server process of this host sweeps
+                held = True
+                log.info("lease reaper: server process %s sweeps for this host", os.getpid())
+            try:
+                for job_id, state in queue.requeue_expired(engine):
+                    log.warning("job %s lost its worker (lease expired): now %s", job_id, state)
+            except Exception:
+                log.exception("lease reaper")

@@ -1,0 +1,116 @@
+"""What the client answers: the server's JSON objects as typed records (Job, Sweep, Dataset, Worker, Event),
+pages of them (Page), and a read of a job's log (LogChunk).
+
+A record is the JSON object as it came — a dict, so `job["state"]`, `json.dumps(job)` and `{**job}` work
+as they always did — with typed attributes for the fields a caller reads most (`job.state`). Every other
+field is there by key; the API reference (GET /docs) lists them all."""
+from __future__ import annotations
+
+from typing import Any, Generic, NamedTuple, TypeVar, cast, overload
+
+T = TypeVar("T")
+
+
+class Record(dict[str, Any]):
+    """One JSON object from the server."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({dict.__repr__(self)})"
+
+
+R = TypeVar("R", bound=Record)
+
+
+class Field(Generic[T]):
+    """A typed attribute that reads one key of its record (None where the server left the key out)."""
+
+    def __init__(self, key: str):
+        self.key = key
+
+    @overload
+    def __get__(self, record: None, owner: type) -> Field[T]: ...
+    @overload
+    def __get__(self, record: Record, owner: type) -> T: ...
+
+    def __get__(self, record: Record | None, owner: type) -> Field[T] | T:
+        return self if record is None else cast(T, record.get(self.key))
+
+
+class Job(Record):
+    __slots__ = ()
+    id = Field[int]("id")
+    kind = Field[str]("kind")
+    name = Field[str | None]("name")
+    state = Field[str]("state")
+    progress = Field[dict[str, Any]]("progress")
+    error = Field[dict[str, Any] | None]("error")
+    result = Field[dict[str, Any] | None]("result")  # its summary; jobs.result(id) has all of it
+
+
+class Sweep(Record):
+    __slots__ = ()
+    id = Field[int]("id")
+    name = Field[str | None]("name")
+    state = Field[str]("state")
+    counts = Field[dict[str, int]]("counts")
+    best = Field[dict[str, Any] | None]("best")
+    error = Field[str | None]("error")
+    trials = Field[list[dict[str, Any]] | None]("trials")  # by trial number; None in list pages and events
+
+
+class Dataset(Record):
+    __slots__ = ()
+    id = Field[str]("id")
+    dataset = Field[str]("dataset")  # what a job names it by: upload:<id>
+    name = Field[str]("name")
+    samples = Field[int]("samples")
+    classes = Field[list[str]]("classes")
+
+
+class Worker(Record):
+    __slots__ = ()
+    id = Field[str]("id")
+    host = Field[str]("host")
+    device = Field[str]("device")
+    state = Field[str]("state")
+    job_id = Field[int | None]("job_id")
+    draining = Field[bool]("draining")
+
+
+class Event(Record):
+    """One Server-Sent Event: its name ("state", "epoch", "sweep", "trial", "end"), id and JSON data."""
+    __slots__ = ()
+    event = Field[str]("event")
+    id = Field[str | None]("id")
+    data = Field[Any]("data")
+
+
+class Page(Record, Generic[R]):
+    """A page of a list, newest first: `data` (the records), `count` (how many match, over all pages) and
+    `next_offset` (the next page's offset where the server gives one; None on the last)."""
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, model: type[R], body: dict[str, Any]) -> Page[R]:
+        return cls({**body, "data": [model(item) for item in body["data"]]})
+
+    @property
+    def data(self) -> list[R]:
+        return self["data"]
+
+    @property
+    def count(self) -> int:
+        return self["count"]
+
+    @property
+    def next_offset(self) -> int | None:
+        return self.get("next_offset")
+
+
+class LogChunk(NamedTuple):
+    """A read of a job's log: its bytes, the byte they start at, and the log's size then."""
+    data: bytes
+    start: int
+    size: int

@@ -1,0 +1,174 @@
+"""The three kinds of job a client may submit (train, predict, run), what they share (device, priority,
+attempts, timeout, resources), and parse_spec, which re-validates a stored one."""
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, TypeAdapter, field_validator, model_validator
+
+from trainyard.app import device_names
+from trainyard.app.plugins import NAME as PLUGIN_NAME
+from trainyard.app.spec.common import DATASET_INFO, Params, ShownName, _bounded_params, _Strict, check_dataset
+from trainyard.app.spec.train import DataSpec, ModelSpec, TrainParams
+
+JOB_KINDS = ("train", "predict", "run")
+DEVICE_PATTERN = device_names.PATTERN
+MAX_PREDICT_ROWS = 10_000
+# Devices one job may span (ranks of one host).
+MAX_DEVICES = 16
+MAX_ID = 2**53
+# Largest magnitude a float32 holds: inputs beyond it would overflow to inf in the model.
+FLOAT32_MAX = 3.4028234663852886e38
+# What a job process may report per epoch (ctx.report) and keep beside its model (ctx.save_model's meta):
+# enforced in the job process, and again by its supervisor, which does not trust the job's code.
+MAX_METRIC_KEYS = 100          # a report's own metrics (the allocator's memory stats come on top)
+MAX_METRIC_NAME = 100          # characters of a metric's name
+MAX_MODEL_META_BYTES = 64 << 10  # save_model's extra meta, as JSON
+MAX_META_FILE_BYTES = 1 << 20    # a model's whole meta.json (its class names included): what a predict submit reads
+
+
+class Resources(_Strict):
+    gpu_memory_gb: float | None = Field(
+        None, gt=0, le=4096, description="GPU memory the job needs (GB, 10^9 bytes): it runs on a GPU with that much "
+        "unclaimed, beside other jobs that state theirs, and is held to it; without it a job has its GPU to itself")
+
+
+class _JobBase(_Strict):
+    name: ShownName | None = None
+    device: str = Field("auto", pattern=DEVICE_PATTERN, description="auto, cpu, cuda or cuda:N")
+    priority: int = Field(0, ge=-1000, le=1000, description="higher runs first")
+    max_attempts: int = Field(3, ge=1, le=100, description="runs lost to infrastructure failures before giving up")
+    timeout_s: float | None = Field(None, gt=0, le=30 * 86400, description="stop and fail the job after this long")
+    resources: Resources | None = None
+
+    @field_validator("resources")
+    @classmethod
+    def _resources_fit_device(cls, v: Resources | None, info) -> Resources | None:
+        if v is not None and v.gpu_memory_gb is not None and info.data.get("device") == "cpu":
+            raise ValueError("gpu_memory_gb asks for a GPU; this job's device is cpu")
+        return v
+
+    @property
+    def gpu_memory_bytes(self) -> int | None:
+        gb = self.resources.gpu_memory_gb if self.resources else None
+        return None if gb is None else int(gb * 1e9)
+
+    @property
+    def device_count(self) -> int:
+        return getattr(self, "devices", 1)
+
+
+class _MultiDevice(_JobBase):
+    """Train and run jobs may span several devices of one host (DistributedDataParallel, one process each)."""
+    devices: int = Field(1, ge=1, le=MAX_DEVICES, description="devices of one host the job runs on, one process "
+                         "each (DistributedDataParallel); train.batch_size is per device")
+
+    @model_validator(mode="after")
+    def _whole_devices(self):
+        if self.devices > 1:
+            if self.gpu_memory_bytes is not None:
+                raise ValueError("devices: a multi-device job takes whole devices; drop resources.gpu_memory_gb")
+            if self.device not in ("auto", "cpu", "cuda"):
+                raise ValueError(f"devices: a job on {self.devices} devices names a kind of device "
+                                 f"(auto, cpu or cuda), not one device ({self.device})")
+        return self
+
+
+class TrainJob(_MultiDevice):
+    kind: Literal["train"]
+    model: ModelSpec
+    data: DataSpec
+    train: TrainParams = TrainParams()
+    init_from: int | None = Field(
+        None, ge=1, le=MAX_ID, description="id of a succeeded train job (or run job that saved a model) to start from: "
+        "the same architecture, fields and input shape; a different num_classes re-makes the classifier head")
+
+    @model_validator(mode="after")
+    def _one_starting_point(self):
+        if self.init_from is not None and self.model.weights is not None:
+            raise ValueError("init_from and model.weights are two starting points; give one")
+        return self
+
+    @model_validator(mode="after")
+    def _augment_fits_data(self):
+        # Built-in datasets state their shape; an upload's or a plugin's is checked by the worker.
+        shape = DATASET_INFO.get(self.data.dataset, {}).get("input_shape")
+        if self.train.augment is not None and isinstance(shape, list) and len(shape) != 3:
+            raise ValueError(f"train.augment applies to image datasets; {self.data.dataset} has samples of "
+                             f"shape {shape}")
+        return self
+
+
+class PredictData(_Strict):
+    dataset: str
+    split: Literal["train", "val", "all"] = "val"
+    val_fraction: float | None = Field(None, gt=0.0, lt=1.0, description="default: the training job's")
+    split_seed: int | None = Field(None, ge=0, le=2**32 - 1, description="default: the training job's")
+    params: Params
+
+    _dataset = field_validator("dataset")(classmethod(lambda cls, v: check_dataset(v)))
+    _params = field_validator("params")(classmethod(lambda cls, v: _bounded_params(v)))
+
+
+class PredictJob(_JobBase):
+    kind: Literal["predict"]
+    model_job: int = Field(ge=1, le=MAX_ID, description="id of a succeeded train job (or run job that saved a model)")
+    inputs: list[list[float]] | None = Field(
+        None, min_length=1, max_length=MAX_PREDICT_ROWS,
+        description="rows of features; image inputs flattened (C*H*W values per row)")
+    data: PredictData | None = None
+    batch_size: int = Field(1024, ge=1, le=65_536)
+    top_k: int | None = Field(None, ge=1, le=1000, description="inputs: return the k most likely classes per row "
+                              "instead of every probability")
+
+    @model_validator(mode="after")
+    def _inputs_or_data(self):
+        if (self.inputs is None) == (self.data is None):
+            raise ValueError("give exactly one of inputs or data")
+        if self.inputs is not None:
+            widths = {len(row) for row in self.inputs}
+            if len(widths) != 1 or 0 in widths:
+                raise ValueError("inputs: every row must have the same, non-zero number of values")
+            if not all(math.isfinite(v) and abs(v) <= FLOAT32_MAX for row in self.inputs for v in row):
+                raise ValueError(f"inputs: values must be finite numbers within float32's range "
+                                 f"(|v| <= {FLOAT32_MAX:.4g})")
+        elif self.top_k is not None:
+            raise ValueError("top_k applies to inputs; an evaluation on data reports accuracy, not rows")
+        return self
+
+
+class RunJob(_MultiDevice):
+    """Your own training program, installed on the workers as an entry point (trainyard.entrypoints)."""
+    kind: Literal["run"]
+    entrypoint: str = Field(description="an installed entrypoint plugin: fn(ctx, config) -> dict | None")
+    config: dict[str, Any] = Field(default_factory=dict, description="passed to the entrypoint (JSON, at most 64 KiB, "
+                                                                      "nested at most 32 deep)")
+    epochs: int | None = Field(None, ge=1, le=1_000_000, description="progress denominator (or ctx.set_total)")
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _entrypoint_name(cls, v: str) -> str:
+        if not PLUGIN_NAME.fullmatch(v):
+            raise ValueError(f"{v[:100]!r} is not a plugin name (letters, digits, '_', '.', '-')")
+        return v
+
+    _config = field_validator("config")(classmethod(lambda cls, v: _bounded_params(v)))
+
+
+JobSpec = Annotated[TrainJob | PredictJob | RunJob, Field(discriminator="kind")]
+job_spec_adapter: TypeAdapter = TypeAdapter(JobSpec)
+
+
+def parse_spec(raw: dict) -> TrainJob | PredictJob | RunJob:
+    """Re-validate a stored spec (the worker does this before running it)."""
+    return job_spec_adapter.validate_python(raw)
+
+
+TRAIN_EXAMPLE: dict[str, Any] = {
+    "kind": "train", "name": "iris-mlp",
+    "model": {"arch": "mlp", "hidden": [8, 9]},
+    "data": {"dataset": "iris", "val_fraction": 0.2, "split_seed": 33},
+    "train": {"epochs": 100, "batch_size": 120, "optimizer": "adam", "lr": 0.01, "seed": 32},
+    "device": "auto",
+}
+PREDICT_INPUTS_EXAMPLE = {"kind": "predict", "model_job": 1, "inputs": [[5.1, 3.5, 1.4, 0.2]]}
+PREDICT_DATA_EXAMPLE = {"kind": "predict", "model_job": 1, "data": {"dataset": "iris", "split": "val"}}

@@ -1,0 +1,78 @@
+"""Submitting jobs: the INSERT of a queued job (alone, or inside a sweep's transaction) and the spec as stored.
+
+A job's later state changes are the queue's (app/queue.py); this module only adds new rows.
+"""
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import IntegrityError
+
+from trainyard.app import wakeup
+from trainyard.app.db import db_now, jobs, read, write
+from trainyard.app.errors import Conflict
+from trainyard.app.records import Job
+from trainyard.app.spec import PredictJob, RunJob, TrainJob
+from trainyard.app.states import JobState
+
+QUEUED = JobState.QUEUED.value
+
+
+def enqueue(engine: Engine, spec: TrainJob | PredictJob | RunJob, idempotency_key: str | None = None,
+            parameters: int | None = None, needs: dict[str, str] | None = None) -> tuple[Job, bool]:
+    """Insert a queued job. Returns (job, created); the same idempotency key and body give the same job."""
+    body = stored_spec(spec)
+    try:
+        with write(engine) as conn:
+            if idempotency_key is not None:
+                existing = conn.execute(select(jobs).where(jobs.c.idempotency_key == idempotency_key)).first()
+                if existing is not None:
+                    return _same_key(existing, body), False
+            return insert_job(conn, spec, idempotency_key, parameters, needs, body=body), True
+    except IntegrityError:
+        # Two requests raced with one key (PostgreSQL): the other one inserted first.
+        with read(engine) as conn:
+            existing = conn.execute(select(jobs).where(jobs.c.idempotency_key == idempotency_key)).first()
+        if existing is None:
+            raise
+        return _same_key(existing, body), False
+
+
+def insert_job(conn, spec: TrainJob | PredictJob | RunJob, idempotency_key: str | None = None,
+               parameters: int | None = None, needs: dict[str, str] | None = None,
+               sweep: dict | None = None, body: dict | None = None) -> Job:
+    """Insert a queued job inside the caller's write transaction (a sweep's trial: sweep {"id", "trial", "params"})."""
+    values: dict[str, Any] = dict(
+        kind=spec.kind, name=spec.name, state=QUEUED, spec=body or stored_spec(spec), device_req=spec.device,
+        priority=spec.priority, max_attempts=spec.max_attempts, timeout_s=spec.timeout_s,
+        idempotency_key=idempotency_key, attempt=0, claim=0, created_at=db_now(), errors=[],
+        epoch=0 if spec.kind == "train" else None,
+        epochs=spec.train.epochs if spec.kind == "train" else getattr(spec, "epochs", None), parameters=parameters,
+        need_gpu_memory=spec.gpu_memory_bytes, devices=spec.device_count,
+        sweep_id=sweep["id"] if sweep else None, sweep=sweep,
+        **{f"need_{kind[:-1]}": name for kind, name in (needs or {}).items()},
+    )
+    created = Job.from_row(conn.execute(insert(jobs).values(**values).returning(jobs)).one())
+    wakeup.notify(conn)
+    return created
+
+
+# Whole numbers below this are stored as integers: shorter than their float spelling ("0" for "0.0").
+_WHOLE = 1e16
+
+
+def stored_spec(spec: TrainJob | PredictJob | RunJob) -> dict:
+    """The spec as stored: a predict job's whole-number inputs as integers, as a client sends them ("0", not
+    "0.0": its rows are most of its bytes, and a float spelling made them 2.5 times the request). Read back,
+    the job validates to the same floats."""
+    body = spec.model_dump(mode="json")
+    if body.get("inputs"):
+        body["inputs"] = [[int(v) if isinstance(v, float) and v.is_integer() and -_WHOLE < v < _WHOLE else v
+                           for v in row] for row in body["inputs"]]
+    return body
+
+
+def _same_key(existing, body: dict) -> Job:
+    if existing.spec != body:
+        raise Conflict("Idempotency-Key was already used with a different body")
+    return Job.from_row(existing)

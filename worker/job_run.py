@@ -1,0 +1,187 @@
+"""One job process under its supervisor: what has been decided about it so far, how it is stopped, and
+how its end is recorded. Torch-free.
+
+Every write goes through the queue fenced by the claim the job was taken with: when one changes
+nothing, the job is no longer ours (cancelled, or taken over after our lease ran out) and our copy
+is stopped at once. The loop that watches the process and turns its events into writes is
+worker/supervise.py; the worker itself is reached only through WorkerLink.
+"""
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import InitVar, dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from trainyard.app import queue
+from trainyard.app.records import Job
+from trainyard.app.settings import Settings
+from trainyard.app.states import DEVICE_FAILURE, Failure, error_record
+from trainyard.worker import memory, reaper
+from trainyard.worker.joblog import JobOutput
+from trainyard.worker.plan import JobPlan
+
+log = logging.getLogger("trainyard.worker")
+T = TypeVar("T")
+
+# Time a cancelled or timed-out job process gets to exit on SIGTERM before SIGKILL.
+KILL_GRACE_S = 1.0
+
+
+class WorkerLink(Protocol):
+    """What the supervision of a job needs of its worker (worker/main.py's Worker), and nothing more."""
+    settings: Settings
+    stopping: bool  # the worker is shutting down
+
+    def db(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T: ...
+
+    def housekeeping(self, state: str, job_id: int | None) -> None: ...
+
+    def mark_stopping(self, job_id: int | None) -> None: ...
+
+    def mark_unavailable(self, reason: str) -> None: ...
+
+    def note_torch_memory(self, metrics: dict) -> None: ...
+
+
+@dataclass
+class JobRun:
+    """One job process and what its supervisor has decided about it so far."""
+    worker: WorkerLink
+    plan: JobPlan
+    proc: Any                           # the job process (a multiprocessing Process)
+    conn: Connection                    # the read end of its events pipe
+    log_path: Path
+    output: InitVar[Connection | None] = None  # the read end of the job process's stdout/stderr pipe
+    started: float = field(default_factory=time.monotonic)
+    outcome: str | None = None          # succeeded / failed / queued / lost
+    stop_reason: str | None = None      # why we are stopping the process: shutdown, timeout, memory
+    stop_deadline: float | None = None
+    checkpoint: str | None = None       # the latest recorded checkpoint: older ones are deleted
+    watch: memory.Watch | None = None
+    summed_up: bool = False             # the closing log lines are written
+    last_read: float = 0.0              # when the pipe last had events
+
+    def __post_init__(self, output: Connection | None) -> None:
+        self.checkpoint = str(self.plan.resume_from) if self.plan.resume_from else None
+        if self.plan.memory_budget:
+            self.watch = memory.Watch(self.proc.pid, self.plan.memory_budget)
+        self.out = JobOutput(self.log_path, self.worker.settings, self.job.id, output)
+        # The job process's parent, the fork server: the orphans of a job process killed outright are its.
+        self.fork_server = reaper.parent_of(self.proc.pid) or reaper.fork_server_pid()
+
+    @property
+    def job(self) -> Job:
+        return self.plan.job
+
+    def db(self, fn: Callable[..., T], *args: Any) -> T:
+        """A fenced queue call for this job: fn(engine, job_id, claim, *args)."""
+        return self.worker.db(fn, self.job.id, self.job.claim, *args)
+
+    def log(self, line: str) -> None:
+        self.out.line(line)
+
+    def end_processes(self) -> None:
+        """Once the job process is gone: end whatever it started that outlived it (adopted by the fork
+        server: the job process was killed outright), then copy the last of their output."""
+        if self.fork_server is not None and reaper.end_descendants(self.fork_server):
+            log.warning("job %s: processes of the job outlived it (still ending)", self.job.id)
+        self.out.close()
+
+    def sum_up(self) -> None:
+        """The job's closing log lines, written before its end is recorded: a client that sees the job
+        ended reads its whole log."""
+        self.out.flush()  # what it printed before it reported its end
+        if self.watch is not None and not self.summed_up:
+            self.log(f"job process peak memory: {memory.gib(self.watch.grown)} over its start "
+                     f"(budget {memory.gib(self.watch.budget)})")
+        self.summed_up = True
+        self.publish_log()
+
+    def publish_log(self) -> None:
+        self.out.publish()
+
+    # -- stopping ---------------------------------------------------------------------------------
+
+    def check_stops(self, now: float) -> None:
+        """Begin a stop the worker's shutdown or the job's timeout asks for; SIGKILL once its grace is up."""
+        if self.worker.stopping and self.stop_reason is None:
+            self.worker.mark_stopping(self.job.id)
+            self.begin_stop("shutdown", self.worker.settings.grace_s)
+        timeout = self.job.timeout_s
+        if timeout and now - self.started > timeout and self.stop_reason is None:
+            self.begin_stop("timeout", KILL_GRACE_S)
+        if self.stop_deadline is not None and now > self.stop_deadline:
+            self.kill()
+
+    def begin_stop(self, reason: str, grace: float) -> None:
+        """SIGTERM now (the job checkpoints at its next step), SIGKILL after grace; memory: SIGKILL now."""
+        self.stop_reason = reason
+        self.stop_deadline = time.monotonic() + grace
+        self.log(f"stopping the job process ({reason})")
+        if reason == "memory":
+            self.kill()
+        elif self.proc.is_alive():
+            os.kill(self.proc.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5)
+
+    def stop_now(self) -> None:
+        if self.proc.is_alive():
+            os.kill(self.proc.pid, signal.SIGTERM)
+            self.proc.join(timeout=KILL_GRACE_S)
+        self.kill()
+
+    def lost(self) -> None:
+        """The job was cancelled or taken over by another worker: stop our copy, write nothing."""
+        self.stop_now()
+        self.outcome = "lost"
+        self.log("job is no longer ours (cancelled or taken over): process stopped")
+        self.sum_up()
+
+    # -- endings ----------------------------------------------------------------------------------
+
+    def child_died(self) -> None:
+        """The job process exited without reporting a result: stopped by us, or died on its own while
+        its worker lives (then it is the job's failure, never retried as if the host had failed)."""
+        if self.stop_reason == "memory" and self.watch is not None:
+            return self.fail(error_record(Failure.OOM, "MemoryBudgetExceeded", memory.budget_message(
+                self.watch.budget, self.watch.grown, "; the worker stopped it")))
+        if self.stop_reason is not None:
+            return self.stopped()
+        code = self.proc.exitcode
+        if code == -signal.SIGKILL:
+            seen = f"; it used {memory.gib(self.watch.grown)} (budget {memory.gib(self.watch.budget)})" \
+                if self.watch else ""
+            return self.fail(error_record(Failure.OOM, "KilledByKernel", "the job process was killed (SIGKILL) "
+                                          f"without its worker asking, most likely out of host memory{seen}"))
+        how = f"died of signal {signal.Signals(-code).name}" if code is not None and code < 0 \
+            else f"exited with code {code}"
+        self.fail(error_record(Failure.CRASHED, "JobProcessDied", f"the job process {how} without reporting a result"))
+
+    def stopped(self) -> None:
+        """The job process was stopped (it checkpointed first if it could): why decides what follows.
+        A SIGTERM we did not send (systemd, a container runtime signalling every process) is a shutdown."""
+        if self.stop_reason in (None, "shutdown"):
+            if self.worker.stopping:
+                self.worker.mark_stopping(self.job.id)
+            self.sum_up()
+            self.outcome = "queued" if self.db(queue.requeue_preempted) else "lost"
+            self.log("requeued without using an attempt (worker shutting down)")
+        else:
+            self.fail(error_record(Failure.TIMEOUT, "Timeout",
+                                   f"the job ran past its timeout_s of {self.job.timeout_s} s and was stopped"))
+
+    def fail(self, error: dict) -> None:
+        self.log(f"{error['type']}: {error['message']}")
+        if error.get("type") == DEVICE_FAILURE and not error.get("rank"):  # its own device, not a lent one
+            self.worker.mark_unavailable(f"{error['message']} (under job {self.job.id}); restart the worker "
+                                         "once the device works again")
+        self.sum_up()
+        self.outcome = self.db(queue.fail, error) or "lost"

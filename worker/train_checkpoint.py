@@ -1,0 +1,74 @@
+"""Checkpoints of a training run, and resuming from one: at any step boundary, with everything needed
+to continue exactly where it stopped (weights, optimizer, scaler, scheduler, kept-best state, every
+rank's RNG states, the epoch's batch order and the interrupted epoch's loss sum so far)."""
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainyard.worker import artifacts, distributed, torch_devices
+from trainyard.worker.errors import Preempted
+from trainyard.worker.job_context import JobContext
+from trainyard.worker.train_setup import Run
+
+
+@dataclass
+class Start:
+    """Where this run starts: `epoch` epochs done plus `step` batches of the next one."""
+    epoch: int = 0
+    step: int = 0
+    partial: dict[str, Any] | None = None  # the interrupted epoch's loss sum, samples and seconds so far
+    resumed: bool = False
+
+
+def resume(run: Run, ctx: JobContext) -> Start:
+    """Load the checkpoint the job resumes from, if any: weights, optimizer, scaler, RNG states, position."""
+    ck = ctx.resume_point()
+    if ck is None:
+        return Start()
+    run.model.load_state_dict(ck["model"])
+    run.optimizer.load_state_dict(ck["optimizer"])
+    artifacts.optimizer_to(run.optimizer, ctx.device)
+    if ck["scaler"] is not None:
+        run.scaler.load_state_dict(ck["scaler"])
+    if run.scheduler is not None and ck.get("scheduler") is not None:
+        run.scheduler.load_state_dict(ck["scheduler"])
+    run.watch.load_state_dict(ck.get("watch"))
+    rng = ck if run.world.rank == 0 else ck["rank_rng"][run.world.rank - 1]
+    torch.set_rng_state(rng["torch_rng"])
+    torch_devices.set_cuda_rng_state(ctx.device, rng.get("cuda_rng"))
+    run.shuffle.set_state(ck["shuffle_rng_at_epoch_start"])
+    ctx.log(f"resumed from checkpoint: {ck['epoch']} epochs done, step {ck['step']} of epoch {ck['epoch'] + 1}")
+    return Start(epoch=ck["epoch"], step=ck["step"], partial=ck["partial"], resumed=True)
+
+
+def checkpoint(run: Run, ctx: JobContext, epoch: int, step: int, shuffle_state: torch.Tensor,
+               partial: dict[str, Any] | None) -> None:
+    """Write the checkpoint: `epoch` epochs done plus `step` batches of the next one. On several devices
+    every rank calls this at the same point and rank 0 writes it, with each rank's random state."""
+    rng = {"torch_rng": torch.get_rng_state(), "cuda_rng": torch_devices.cuda_rng_state(ctx.device)}
+    ranks_rng = distributed.gather(rng, run.world)
+    if ranks_rng is None:  # not rank 0: it has handed rank 0 its random state
+        return
+    state = {
+        "epoch": epoch, "step": step,
+        "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+        "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
+        "scheduler": run.scheduler.state_dict() if run.scheduler is not None else None,
+        "watch": run.watch.state_dict(),
+        **rng, "rank_rng": ranks_rng[1:],
+        "shuffle_rng_at_epoch_start": shuffle_state,
+        "partial": partial,
+    }
+    ctx.save_checkpoint(epoch, step, state)
+
+
+def preempt(run: Run, ctx: JobContext, epoch: int, step: int, shuffle_state: torch.Tensor,
+            loss_sum: torch.Tensor, seen: int, seconds: float) -> None:
+    """The worker asked to stop: checkpoint at this step boundary (with the epoch's loss so far) and raise
+    Preempted. Only between optimizer steps: a checkpoint cannot hold half-accumulated gradients."""
+    total, count = run.over_ranks(loss_sum, seen)
+    done = {"loss_sum": total.item(), "count": count, "seconds": seconds} if step > 0 else None
+    checkpoint(run, ctx, epoch, step, shuffle_state, done)
+    raise Preempted(f"stopped at epoch {epoch + 1}, step {step}; checkpointed")
+
