@@ -86,8 +86,8 @@ case "$role" in
         if [ -n "${TRAINYARD_WORKER_DEVICES:-}" ]; then
             read -r -a devices <<<"$TRAINYARD_WORKER_DEVICES"
         else
-            # NVML, not torch: counting must not create a CUDA context (app/hardware.py).
-            n=$(python -c 'from trainyard.app.hardware import visible_cuda_count; print(visible_cuda_count())')
+            # NVML, not torch: counting must not create a CUDA context (app/gpu_order.py).
+            n=$(python -c 'from trainyard.app.gpu_order import visible_cuda_count; print(visible_cuda_count())')
             devices=()
             for ((i = 0; i < n; i++)); do devices+=("cuda:$i"); done
         fi

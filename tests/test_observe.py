@@ -46,9 +46,9 @@ def test_a_reconnecting_client_resumes_after_the_last_event_id(service):
     service.start_worker("cpu")
     job = service.wait_state(service.submit(tiny_job(epochs=4))["id"])
     with Client(service.url) as client:
-        full = list(client.events(job["id"]))
+        full = list(client.jobs.events(job["id"]))
         assert [e["id"] for e in full if e["event"] == "epoch"] == ["1.1", "1.2", "1.3", "1.4"]
-        later = list(client.events(job["id"], last_event_id="1.2"))
+        later = list(client.jobs.events(job["id"], last_event_id="1.2"))
     assert [e["data"]["epoch"] for e in later if e["event"] == "epoch"] == [3, 4]
     assert [e["event"] for e in later] == ["state", "epoch", "epoch", "end"]
 

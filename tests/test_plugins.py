@@ -89,23 +89,23 @@ def test_unknown_plugin_names_are_422_naming_the_field(live, body, field):
 
 def test_a_run_job_reports_checkpoints_saves_a_model_and_the_client_drives_it(live):
     with Client(live.url) as client:
-        job = client.submit(cifar(3))
-        states = [e["data"]["state"] for e in client.events(job["id"]) if e["event"] == "state"]
-        done = client.wait(job["id"], timeout=120)
+        job = client.jobs.submit(cifar(3))
+        states = [e["data"]["state"] for e in client.jobs.events(job["id"]) if e["event"] == "state"]
+        done = client.jobs.wait(job["id"], timeout=120)
         assert done["state"] == "succeeded" and states[-1] == "succeeded", done
         assert done["progress"] == {"epoch": 3, "epochs": 3}
         assert done["result"]["epochs"] == 3 and 0 <= done["result"]["val_accuracy"] <= 1
-        history = client.metrics(job["id"])
+        history = client.jobs.metrics(job["id"])
         assert [m["epoch"] for m in history] == [1, 2, 3] and all(m["train_loss"] > 0 for m in history)
-        weights = client.download(job["id"], live.data_dir.parent / "run.safetensors")
+        weights = client.jobs.download(job["id"], live.data_dir.parent / "run.safetensors")
         assert weights.stat().st_size > 200_000
-        pred = client.wait(client.submit({"kind": "predict", "model_job": job["id"],
+        pred = client.jobs.wait(client.jobs.submit({"kind": "predict", "model_job": job["id"],
                                           "inputs": [[128.0] * 3072], "top_k": 2})["id"], timeout=60)
         assert pred["state"] == "succeeded"
-        assert len(client.result(pred["id"])["predictions"][0]["top"]) == 2
-        assert "resumed" not in client.logs(job["id"])
+        assert len(client.jobs.result(pred["id"])["predictions"][0]["top"]) == 2
+        assert "resumed" not in client.jobs.logs(job["id"])
         with pytest.raises(APIError) as e:
-            client.get(999_999)
+            client.jobs.get(999_999)
         assert e.value.status_code == 404 and "not found" in str(e.value.detail)
 
 

@@ -1,8 +1,11 @@
 """Idle workers are woken by queue changes, at commit and not before, on SQLite (a datagram beside the
 database) and PostgreSQL (LISTEN/NOTIFY), and a stop request interrupts their wait."""
+import shutil
 import socket
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from sqlalchemy import insert
@@ -76,11 +79,20 @@ def test_a_stop_request_interrupts_the_wait(engine):
         listener.close()
 
 
-def test_sqlite_senders_forget_the_sockets_of_workers_that_are_gone(tmp_path):
+@pytest.fixture
+def short_dir():
+    """A folder whose path leaves room for socket names beside a database in it (pytest's tmp_path under
+    pytest-xdist does not: its sockets would go to /tmp instead)."""
+    d = Path(tempfile.mkdtemp(prefix="ty-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_sqlite_senders_forget_the_sockets_of_workers_that_are_gone(short_dir):
     from trainyard.app.db import make_engine
-    e = make_engine(f"sqlite:///{tmp_path / 'q.db'}")
+    e = make_engine(f"sqlite:///{short_dir / 'q.db'}")
     folder = wakeup.sockets_dir(e)
-    assert folder == tmp_path / "q.db.wake"
+    assert folder == short_dir / "q.db.wake"
     folder.mkdir()
     dead = folder / "123-abcdef.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
@@ -94,5 +106,5 @@ def test_sqlite_senders_forget_the_sockets_of_workers_that_are_gone(tmp_path):
         live.close()
         e.dispose()
     assert list(folder.iterdir()) == []  # a listener that closes removes its socket
-    deep = tmp_path / ("x" * 120)
+    deep = short_dir / ("x" * 120)
     assert str(wakeup.sockets_dir(make_engine(f"sqlite:///{deep / 'q.db'}"))).startswith("/tmp/trainyard-wake-")
