@@ -118,10 +118,6 @@ class Sweeps(Runs[Sweep]):
     """client.sweeps: hyperparameter sweeps, whose trials are jobs."""
     path, model, noun, poll_s = "/sweeps", Sweep, "sweep", 0.5
 
-    def submit(self, spec: dict[str, Any]) -> Sweep:
-        """Start a sweep: {"job": ..., "parameters": {"train.lr": {...}}, "method": ..., ...}."""
-        return self._one("POST", json=spec)
-
     def list(self, state: str | None = None, limit: int | None = None, offset: int | None = None) -> Page[Sweep]:
         """A page of sweeps, newest first, without their trials."""
         return self._page(state=state, limit=limit, offset=offset)
