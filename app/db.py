@@ -187,9 +187,10 @@ def make_engine(url: str, pre_ping: bool = True) -> Engine:
         given = parsed.query.get("options")  # a tuple when the URL repeats it
         options = " ".join(filter(None, (*((given,) if isinstance(given, str) else given or ()),
                                          f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}")))
-        engine = create_engine(parsed.difference_update_query(["options"]), pool_size=8, max_overflow=16,
-                               pool_pre_ping=pre_ping, connect_args={"options": options},
-                               json_serializer=compact_json)
+        # Kept in the URL (not connect_args), so that whoever connects with the engine's connect arguments
+        # (wakeup's LISTEN connection: dialect.create_connect_args) lands in the same schema as the engine.
+        engine = create_engine(parsed.update_query_dict({"options": options}), pool_size=8, max_overflow=16,
+                               pool_pre_ping=pre_ping, json_serializer=compact_json)
     return engine
 
 

@@ -4,8 +4,10 @@ Every queue write that may give a worker something to do (a job queued, requeued
 ended, which frees its device; a worker undrained) calls `notify(conn)` inside its transaction, and
 idle workers wait on a `Listener` with a slow poll (seconds) as a safety net.
 
-- PostgreSQL: `NOTIFY trainyard_queue`, which the database delivers at commit to every host's
-  workers `LISTEN`ing on it.
+- PostgreSQL: a NOTIFY on the channel of the service's schema (`trainyard_queue_` and the md5 of
+  `current_schema()`), which the database delivers at commit to every host's workers `LISTEN`ing on
+  it. Channels are database-wide: one per schema keeps services that share a database in schemas of
+  their own (and the tests, each in its schema) from waking each other's workers.
 - SQLite (one host): once the transaction has committed (db.write calls `after_commit`), one
   datagram to each idle worker's UNIX socket in a directory beside the database file. A worker that
   is gone leaves a socket nobody reads: the sender removes it. Costs nothing while nothing happens.
@@ -23,7 +25,9 @@ from sqlalchemy.engine import Connection, Engine
 if TYPE_CHECKING:
     import psycopg
 
-CHANNEL = "trainyard_queue"
+CHANNEL = "trainyard_queue_"
+# The schema's channel, worked out by the database on both sides (a name within NAMEDATALEN whatever the schema's).
+_CHANNEL_SQL = f"'{CHANNEL}' || md5(current_schema())"
 _PENDING = "trainyard_wake"
 # AF_UNIX paths hold at most 107 bytes: a database in a deep directory gets its sockets under /tmp.
 _MAX_PATH = 100
@@ -32,7 +36,7 @@ _MAX_PATH = 100
 def notify(conn: Connection) -> None:
     """Wake the idle workers once this transaction commits."""
     if conn.dialect.name == "postgresql":
-        conn.execute(text(f"NOTIFY {CHANNEL}"))
+        conn.execute(text(f"SELECT pg_notify({_CHANNEL_SQL}, '')"))
     else:
         conn.info[_PENDING] = True
 
@@ -101,10 +105,14 @@ class Listener:
 
     def _listen_pg(self) -> None:
         import psycopg
-        url = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        # The engine's own connect arguments (its URL's options, a search_path among them), not the URL
+        # rendered back to a string, which would mangle them.
+        cargs, cparams = self.engine.dialect.create_connect_args(self.engine.url)
         try:
-            self._pg = psycopg.connect(url, autocommit=True)
-            self._pg.execute(f"LISTEN {CHANNEL}")
+            self._pg = psycopg.connect(*cargs, **{**cparams, "autocommit": True})
+            row = self._pg.execute(f"SELECT {_CHANNEL_SQL}").fetchone()
+            assert row is not None
+            self._pg.execute(f'LISTEN "{row[0]}"')
         except psycopg.Error:
             self._pg = None  # the database is away: poll until it is back
 
