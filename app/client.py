@@ -50,7 +50,22 @@ class _Alias:
 
 
 class Client:
-    """A connection to one trainyard server; close it (or use `with`) to let its connections go."""
+    """A connection to one trainyard server; close it (or use `with`) to let its connections go.
+
+    url defaults to TRAINYARD_URL (else http://127.0.0.1:8000), token to TRAINYARD_API_TOKEN (sent as a
+    bearer token), timeout is each request's, in seconds. Each resource is a namespace:
+
+    - client.jobs: submit(spec, idempotency_key=), get(id), list(state=, kind=, sweep=, include=, limit=,
+      offset=), cancel(id), retry(id), wait(id, timeout=), events(id, last_event_id=), metrics(id, since=),
+      logs(id, tail=), read_log(id, offset=, tail=), result(id), download(id, path, format=)
+    - client.sweeps: submit(spec), get(id), list(state=, limit=, offset=), cancel(id), wait(id, timeout=),
+      events(id, last_event_id=), trials(id), curves(id, since=, limit=)
+    - client.datasets: upload(path, label_column=), get(id), list(), delete(id)
+    - client.workers: list(include_stopped=), drain(id), undrain(id)
+
+    and the service as a whole: devices(), catalog(), request(method, path, ...). They answer records
+    (Job, Sweep, Dataset, Worker, Event; a list a Page of them); an error status raises APIError.
+    """
 
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
         self.url = (url or os.environ.get("TRAINYARD_URL") or "http://127.0.0.1:8000").rstrip("/")

@@ -58,8 +58,10 @@ class Runs(Resource[R]):
         return until_ended(lambda: self.get(id), f"{self.noun} {id}", timeout, self.poll_s)
 
     def events(self, id: int, last_event_id: str | None = None) -> Iterator[Event]:
-        """Its Server-Sent Events until it ends, the last one "end". After a dropped connection, pass the last
-        event's id to get only what came since."""
+        """Its Server-Sent Events until it ends, the last one "end" (after a job's terminal state, which comes
+        after every epoch). After a dropped connection, pass the last event's id to get only what came since;
+        an id the stream cannot resume after is answered with a "reset" event and then the whole stream (drop
+        what you had). Resuming after "end" gives no events. docs/api.md, Event streams, says it all."""
         return (Event(e) for e in self._http.events(f"{self.path}/{id}/events", last_event_id))
 
 
@@ -74,7 +76,9 @@ class Jobs(Runs[Job]):
 
     def list(self, state: str | None = None, kind: str | None = None, sweep: int | None = None,
              include: str | None = None, limit: int | None = None, offset: int | None = None) -> Page[Job]:
-        """A page of jobs, newest first; include="spec,errors,result" adds what list items leave out."""
+        """A page of jobs, newest first: only those in `state` (queued, running, ...), of `kind` (train, predict,
+        run), or trials of the sweep `sweep`; `limit` of them (the server's default 50, at most 500) from
+        `offset`. include="spec,errors,result" adds what list items leave out."""
         return self._page(state=state, kind=kind, sweep=sweep, include=include, limit=limit, offset=offset)
 
     def retry(self, id: int) -> Job:
@@ -119,7 +123,8 @@ class Sweeps(Runs[Sweep]):
     path, model, noun, poll_s = "/sweeps", Sweep, "sweep", 0.5
 
     def list(self, state: str | None = None, limit: int | None = None, offset: int | None = None) -> Page[Sweep]:
-        """A page of sweeps, newest first, without their trials."""
+        """A page of sweeps, newest first, without their trials: only those in `state` (running, succeeded,
+        failed, cancelled); `limit` of them (the server's default 50, at most 500) from `offset`."""
         return self._page(state=state, limit=limit, offset=offset)
 
     def trials(self, id: int) -> builtins.list[dict[str, Any]]:
@@ -158,9 +163,11 @@ class Datasets(Resource[Dataset]):
                              timeout=httpx.Timeout(30, write=None, read=600))
 
     def get(self, id: str) -> Dataset:
+        """One dataset by its id (the <id> of upload:<id>): its name, samples, shape and classes."""
         return self._one("GET", f"/{quote(id, safe='')}")
 
     def list(self) -> Page[Dataset]:
+        """Every uploaded dataset (one page)."""
         return self._page()
 
     def delete(self, id: str) -> None:
@@ -177,7 +184,7 @@ class Workers(Resource[Worker]):
     path, model = "/workers", Worker
 
     def list(self, include_stopped: bool = False) -> Page[Worker]:
-        """Every worker (one page: a fleet is small), stopped ones too with include_stopped."""
+        """Every worker (one page: a fleet is small), stopped ones too with `include_stopped`."""
         found = self._http.json("GET", self.path, params={"include_stopped": "true"} if include_stopped else {})
         return Page.of(Worker, {"data": found, "count": len(found)})
 

@@ -53,6 +53,8 @@ jobs = Table(
     Column("device", String(16)),
     Column("lease_expires_at", Float),
     Column("created_at", Float, nullable=False),
+    # When it last entered the queue (submitted, retried, requeued): how long it has waited. NULL: created_at.
+    Column("queued_at", Float),
     Column("started_at", Float),
     Column("finished_at", Float),
     Column("epoch", Integer),
@@ -144,6 +146,17 @@ sweep_log = Table(
     Column("seq", Integer, nullable=False),
     Column("entry", JSON, nullable=False),
     UniqueConstraint("sweep_id", "seq", name="uq_sweep_log_seq"),
+)
+
+
+# Prometheus counters and histogram buckets (app/counters.py): a series (name, labels as sorted compact JSON)
+# and its value, added to in the transaction of the event it counts, so it only grows whatever later
+# happens to the jobs' rows (a retry, a deletion).
+counters = Table(
+    "counters", metadata,
+    Column("name", String(100), primary_key=True),
+    Column("labels", String(500), primary_key=True),
+    Column("value", Float, nullable=False),
 )
 
 

@@ -1,57 +1,39 @@
-"""Prometheus metrics: the queue, sweeps, the workers and the devices, read fresh at every scrape.
+"""Prometheus metrics: what happened to jobs (counters, the duration histogram) and how things stand (the
+queue, sweeps, the workers and the devices), read fresh from the shared database at every scrape.
 
-Nothing is counted in the server's memory: with several servers (or a restart) the numbers come
-from the shared database, so every scrape of any server tells the same story.
+Nothing is counted in the server's memory: with several servers (or a restart) every scrape of any
+server tells the same story. Counters and the histogram are the counters table, added to in the
+transaction of each event (app/counters.py), so they only ever go up whatever happens to the jobs'
+rows; gauges are read from the current rows (app/metrics_gauges.py).
 """
-from collections.abc import Iterator
-from typing import Any
+import itertools
+import math
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
-from sqlalchemy import case, func, select
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from sqlalchemy.engine import Engine
 
-from trainyard.app import devices_payload
-from trainyard.app.db import jobs, read, sweeps
+from trainyard.app import counters, devices_payload, metrics_gauges
+from trainyard.app.db import read
 from trainyard.app.spec import JOB_KINDS
-from trainyard.app.states import SWEEP_STATES, Failure, JobState
-from trainyard.app.sweep_results import COUNT_KEYS
+from trainyard.app.states import Failure
 
-DURATION_BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
+Series = list[tuple[str, dict[str, str], float]]
 
-
-def stats(engine: Engine, buckets: tuple[float, ...]) -> dict[str, Any]:
-    """Aggregates for monitoring, computed by the database: jobs by kind and state, a histogram of
-    finished jobs' durations (cumulative counts per bucket, sum, count), and running jobs' speed."""
-    duration = jobs.c.finished_at - jobs.c.started_at
-    finished = jobs.c.state.in_((JobState.SUCCEEDED, JobState.FAILED)) & jobs.c.started_at.is_not(None)
-    with read(engine) as conn:
-        by_state = conn.execute(select(jobs.c.kind, jobs.c.state, func.count())
-                                .group_by(jobs.c.kind, jobs.c.state)).all()
-        hist = conn.execute(select(
-            jobs.c.kind, func.count(), func.coalesce(func.sum(duration), 0.0),
-            *[func.sum(case((duration <= b, 1), else_=0)) for b in buckets],
-        ).where(finished).group_by(jobs.c.kind)).all()
-        running = conn.execute(select(jobs.c.id, jobs.c.kind, jobs.c.device, jobs.c.latest_metrics)
-                               .where(jobs.c.state == JobState.RUNNING)).all()
-        sweep_states = conn.execute(select(sweeps.c.state, func.count()).group_by(sweeps.c.state)).all()
-        trials = conn.execute(select(jobs.c.state, func.count()).where(jobs.c.sweep_id.is_not(None))
-                              .group_by(jobs.c.state)).all()
-        failed_trials = conn.execute(select(jobs.c.error).where(jobs.c.sweep_id.is_not(None),
-                                                                jobs.c.state == JobState.FAILED)).scalars().all()
-    trial_counts = dict.fromkeys(COUNT_KEYS, 0) | {s: n for s, n in trials}
-    trial_counts["pruned"] = sum((e or {}).get("class") == Failure.PRUNED for e in failed_trials)
-    trial_counts[JobState.FAILED.value] -= trial_counts["pruned"]
-    return {
-        "sweeps": {s: n for s, n in sweep_states},
-        "trials": trial_counts,
-        "by_state": {(k, s): n for k, s, n in by_state},
-        "durations": {row[0]: {"count": row[1], "sum": float(row[2]), "buckets": [int(v or 0) for v in row[3:]]}
-                      for row in hist},
-        "running": [{"id": r.id, "kind": r.kind, "device": r.device,
-                     "samples_per_s": (r.latest_metrics or {}).get("samples_per_s")} for r in running],
-    }
-
+# Each counter: its help, and its labels with the values known beforehand (shown at 0 until counted, so
+# that rate() sees the first event); a value counted beyond them (an older release's state) is shown too.
+COUNTERS: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
+    counters.SUBMITTED: ("Jobs submitted (sweeps' trials included)", {"kind": JOB_KINDS}),
+    counters.FINISHED: ("Jobs that reached an end state", {"kind": JOB_KINDS, "state": counters.ENDINGS}),
+    counters.FAILURES: ("Errors recorded in jobs' histories by class: failed runs, retried or not, cancels, prunes",
+                        {"class": tuple(f.value for f in Failure)}),
+    counters.RETRIES: ("Jobs put back in the queue under their id: on request (POST /jobs/{id}/retry) or after a "
+                       "retryable failure", {"trigger": tuple(t.value for t in counters.Trigger)}),
+    counters.PREEMPTIONS: ("Running jobs put back in the queue by their worker's shutdown", {}),
+    counters.LEASE_EXPIRIES: ("Running jobs whose worker stopped renewing their lease (lost workers)", {}),
+}
+DURATION_LABELS = {"kind": JOB_KINDS, "state": counters.ENDINGS}
 
 
 class _Collector:
@@ -61,44 +43,54 @@ class _Collector:
         self.node = node
 
     def collect(self) -> Iterator[Metric]:
-        st = stats(self.engine, DURATION_BUCKETS)
-        yield from _job_families(st)
+        with read(self.engine) as conn:
+            series = list(counters.read(conn))
+        yield from counter_families(series)
+        yield from metrics_gauges.families(metrics_gauges.read_rows(self.engine, self.stale_after_s))
         yield from _device_families(devices_payload.snapshot(self.engine, self.stale_after_s, self.node))
 
 
-def _job_families(st: dict) -> Iterator[Metric]:
-    """Jobs by state, the queue, run times and speeds; sweeps and their trials by state."""
-    by_state = GaugeMetricFamily("trainyard_jobs", "Jobs by kind and state", labels=["kind", "state"])
-    for kind in JOB_KINDS:
-        for state in JobState:
-            by_state.add_metric([kind, state.value], st["by_state"].get((kind, state.value), 0))
-    yield by_state
-    yield GaugeMetricFamily("trainyard_queue_depth", "Jobs waiting for a worker",
-                            value=sum(n for (_, s), n in st["by_state"].items() if s == JobState.QUEUED))
+def _known(labels: dict[str, tuple[str, ...]]) -> Iterable[tuple[str, ...]]:
+    return itertools.product(*labels.values())
 
-    hist = HistogramMetricFamily("trainyard_job_duration_seconds", "Run time of finished jobs (latest run)",
-                                 labels=["kind"])
-    for kind, h in st["durations"].items():
-        buckets = [(repr(b), n) for b, n in zip(DURATION_BUCKETS, h["buckets"])] + [("+Inf", h["count"])]
-        hist.add_metric([kind], buckets, h["sum"])
-    yield hist
 
-    speed = GaugeMetricFamily("trainyard_job_samples_per_second", "Training speed of running jobs (last epoch)",
-                              labels=["job_id", "device"])
-    for r in st["running"]:
-        if r["samples_per_s"] is not None:
-            speed.add_metric([str(r["id"]), r["device"] or ""], r["samples_per_s"])
-    yield speed
+def counter_families(series: Series) -> Iterator[Metric]:
+    """The counters and the job-duration histogram from the counters table's rows."""
+    for name, (help_, labels) in COUNTERS.items():
+        values = dict.fromkeys(_known(labels), 0.0)
+        for stored, got, value in series:
+            if stored == name:
+                key = tuple(got.get(label, "") for label in labels)
+                values[key] = values.get(key, 0.0) + value
+        family = CounterMetricFamily(name, help_, labels=list(labels))
+        for key, value in sorted(values.items()):
+            family.add_metric(list(key), value)
+        yield family
+    yield _durations(series)
 
-    swept = GaugeMetricFamily("trainyard_sweeps", "Sweeps by state", labels=["state"])
-    for sweep_state in SWEEP_STATES:
-        swept.add_metric([sweep_state], st["sweeps"].get(sweep_state, 0))
-    yield swept
-    trials = GaugeMetricFamily("trainyard_sweep_trials", "Sweeps' trials by state (pruned apart from failed)",
-                               labels=["state"])
-    for trial_state, n in st["trials"].items():
-        trials.add_metric([trial_state], n)
-    yield trials
+
+def _durations(series: Series) -> Metric:
+    """Stored as each bucket's own count (app/counters.py); shown cumulative, as Prometheus reads buckets."""
+    names = list(DURATION_LABELS)
+    counts: dict[tuple[str, ...], dict[float, float]] = {key: {} for key in _known(DURATION_LABELS)}
+    sums: dict[tuple[str, ...], float] = {}
+    for name, got, value in series:
+        key = tuple(got.get(label, "") for label in names)
+        if name == counters.DURATION:
+            bucket = counts.setdefault(key, {})
+            le = float(got["le"])
+            bucket[le] = bucket.get(le, 0.0) + value
+        elif name == counters.DURATION_SUM:
+            sums[key] = sums.get(key, 0.0) + value
+    hist = HistogramMetricFamily(counters.DURATION, "Run time of jobs that ended while running (their last run), "
+                                 "by how they ended", labels=names)
+    for key, bucket in sorted(counts.items()):
+        running, cumulative = 0.0, []
+        for le in sorted(set(counters.BUCKETS) | set(bucket)):
+            running += bucket.get(le, 0.0)
+            cumulative.append(("+Inf" if math.isinf(le) else repr(le), running))
+        hist.add_metric(list(key), cumulative, sums.get(key, 0.0))
+    return hist
 
 
 def _device_families(payload: dict) -> Iterator[Metric]:

@@ -14,6 +14,7 @@ counted at its statement plus the slot's `headroom` (TRAINYARD_GPU_CONTEXT_HEADR
 default).
 """
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import and_, exists, false, func, or_, select, true
@@ -150,27 +151,45 @@ def startable(conn: Connection, device: str, plugins: dict[str, list[str]] | Non
     return None if others is None else (first.id, others)
 
 
+class Waiting(StrEnum):
+    """What a queued job waits for, as a class (the reason label of trainyard_queue_depth, app/metrics.py)."""
+    TURN = "turn"                        # nothing: some live worker can take it, in its turn, when it fits
+    NO_WORKER = "no_worker"
+    UNAVAILABLE = "device_unavailable"   # only workers that cannot use their device serve its device
+    NO_DEVICE = "no_device_worker"       # no live worker serves its device
+    DRAINING = "draining"
+    DEVICES = "devices"                  # more devices than one host's live workers have
+    PLUGIN = "plugin"
+    GPU_MEMORY = "gpu_memory"
+
+
 def why_waiting(job: Job, live_workers: list[dict[str, Any]]) -> str | None:
     """Why a queued job cannot start on any live worker, ever, as things stand (a worker that joins
-    may change that); None when some live worker could take it and it is only waiting its turn.
-    Workers that cannot use their device (state unavailable) take nothing; when only they serve the
-    job's device, their reason is the job's."""
+    may change that); None when some live worker could take it and it is only waiting its turn."""
+    found = waiting(job, live_workers)
+    return None if found is None else found[1]
+
+
+def waiting(job: Job, live_workers: list[dict[str, Any]]) -> tuple[Waiting, str] | None:
+    """why_waiting's answer and its class. Workers that cannot use their device (state unavailable) take
+    nothing; when only they serve the job's device, their reason is the job's."""
     broken = [w for w in live_workers if w.get("state") == UNAVAILABLE
               and job.device_req in device_names.accepted_by(w["device"])]
     live_workers = [w for w in live_workers if w.get("state") != UNAVAILABLE]
     if not live_workers and not broken:
-        return "no worker is running"
+        return Waiting.NO_WORKER, "no worker is running"
     cands = [w for w in live_workers if job.device_req in device_names.accepted_by(w["device"])]
     if not cands:
         if broken:
             w = broken[0]
             more = f" (and {len(broken) - 1} more unavailable)" if len(broken) > 1 else ""
-            return (f"no live worker can use a device for {job.device_req}: worker {w['id']} on {w['host']} is "
-                    f"unavailable{more}: {(w.get('stats') or {}).get('unavailable') or 'no reason given'}")
-        return f"no live worker serves device {job.device_req}"
+            return Waiting.UNAVAILABLE, (f"no live worker can use a device for {job.device_req}: worker {w['id']} "
+                                         f"on {w['host']} is unavailable{more}: "
+                                         f"{(w.get('stats') or {}).get('unavailable') or 'no reason given'}")
+        return Waiting.NO_DEVICE, f"no live worker serves device {job.device_req}"
     cands = [w for w in cands if not w.get("draining")]
     if not cands:
-        return f"every live worker for device {job.device_req} is draining"
+        return Waiting.DRAINING, f"every live worker for device {job.device_req} is draining"
     devices = job.devices or 1
     if devices > 1:
         per_host: dict[tuple[str, bool], int] = {}
@@ -179,14 +198,14 @@ def why_waiting(job: Job, live_workers: list[dict[str, Any]]) -> str | None:
             per_host[group] = per_host.get(group, 0) + 1
         most, (host, _) = max((n, g) for g, n in per_host.items())
         if most < devices:
-            return (f"needs {job.devices} devices of one host; the most live, undrained workers of one kind on "
-                    f"one host is {most} ({host})")
+            return Waiting.DEVICES, (f"needs {job.devices} devices of one host; the most live, undrained workers "
+                                     f"of one kind on one host is {most} ({host})")
     for kind, need in (("models", job.need_model), ("datasets", job.need_dataset),
                        ("entrypoints", job.need_entrypoint)):
         if need is not None:
             cands = [w for w in cands if need in ((w.get("stats") or {}).get("plugins") or {}).get(kind, [])]
             if not cands:
-                return f"no live worker for device {job.device_req} has the {kind[:-1]} plugin {need!r}"
+                return Waiting.PLUGIN, f"no live worker for device {job.device_req} has the {kind[:-1]} plugin {need!r}"
     if job.need_gpu_memory is not None:
         slots = [(((w.get("stats") or {}).get("slot") or {}), w) for w in cands]
         # What a job may state there: the budget less the headroom its process costs beyond it.
@@ -194,10 +213,11 @@ def why_waiting(job: Job, live_workers: list[dict[str, Any]]) -> str | None:
                   for s, w in slots if s.get("budget") is not None]
         asked = f"needs {job.need_gpu_memory / 1e9:.1f} GB of GPU memory"
         if not offers:
-            return f"{asked}; no live worker for device {job.device_req} offers GPU memory (GPU workers do)"
+            return Waiting.GPU_MEMORY, (f"{asked}; no live worker for device {job.device_req} offers GPU memory "
+                                        "(GPU workers do)")
         most, headroom, w = max(offers, key=lambda o: o[0])
         if most < job.need_gpu_memory:
             beside = f", after {headroom / 1e9:.1f} GB of headroom for its CUDA context" if headroom else ""
-            return (f"{asked}; the most a live worker offers is {most / 1e9:.1f} GB{beside} "
-                    f"({w['host']} {w['device']})")
+            return Waiting.GPU_MEMORY, (f"{asked}; the most a live worker offers is {most / 1e9:.1f} GB{beside} "
+                                        f"({w['host']} {w['device']})")
     return None

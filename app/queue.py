@@ -6,18 +6,19 @@ that lost its lease (paused, partitioned, too slow) changes nothing. Times come 
 clock (db.db_now) so that hosts with skewed clocks agree on leases. Jobs enter the queue through
 app/submit.py (the INSERT) and are read through app/job_reads.py.
 """
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import and_, case, delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 
-from trainyard.app import placement, wakeup
+from trainyard.app import counters, placement, wakeup
 from trainyard.app.db import db_now, jobs, metrics, read, workers, write
 from trainyard.app.errors import Conflict, NotFound
 from trainyard.app.records import Job
 from trainyard.app.states import RETRYABLE, Failure, JobState, error_record
 
-QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED = (s.value for s in JobState)
+QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, PRUNED = (s.value for s in JobState)
 
 
 # ---- client actions ---------------------------------------------------------------------------
@@ -48,36 +49,54 @@ def stop(engine: Engine, job_ids: list[int], error: dict, states: tuple[str, ...
     recorded so far stay. Returns the ids it ended."""
     with write(engine) as conn:
         rows = conn.execute(select(jobs.c.id, jobs.c.state, jobs.c.errors, jobs.c.attempt)
-                            .where(jobs.c.id.in_(job_ids), jobs.c.state.in_(states))).all()
+                            .where(jobs.c.id.in_(job_ids), jobs.c.state.in_(states))
+                            .order_by(jobs.c.id).with_for_update()).all()  # before any counter: app/counters.py
         ended = [row.id for row in rows if _end(conn, row, final, error) is not None]
         if ended:
             wakeup.notify(conn)
     return ended
 
 
+def prune(engine: Engine, job_id: int, why: Callable[[int], dict]) -> int | None:
+    """End a running trial as pruned at the epoch it has reached (error: why(epoch)) unless that is its last (it is
+    saving its model); its worker is fenced out, so its metrics end there. The epoch, or None if not pruned."""
+    with write(engine) as conn:
+        row = conn.execute(select(jobs.c.id, jobs.c.state, jobs.c.errors, jobs.c.attempt, jobs.c.epoch).where(
+            jobs.c.id == job_id, jobs.c.state == RUNNING, jobs.c.epoch.is_not(None), jobs.c.epochs > jobs.c.epoch)
+            .with_for_update()).first()
+        if row is None or _end(conn, row, PRUNED, why(row.epoch)) is None:
+            return None
+        wakeup.notify(conn)
+    return row.epoch
+
+
 def _end(conn, row, final: str, error: dict):
     """End a job that was in row.state (guarded by it) as `final` with `error` added to its history;
     the new row, or None if its state changed first."""
-    return conn.execute(
+    new = conn.execute(
         update(jobs).where(jobs.c.id == row.id, jobs.c.state == row.state)
         .values(state=final, finished_at=db_now(), lease_expires_at=None, error=error,
                 errors=[*(row.errors or []), {**error, "attempt": row.attempt}])
         .returning(jobs)).first()
+    counters.add(conn, counters.ended(row.state, new))
+    return new
 
 
 def retry(engine: Engine, job_id: int) -> Job:
-    """Requeue a failed or cancelled job under the same id; it resumes from its last checkpoint."""
+    """Requeue a failed, cancelled or pruned job under the same id; it resumes from its last checkpoint (a pruned
+    trial runs to its end, outside its sweep's search)."""
     with write(engine) as conn:
         new = conn.execute(
-            update(jobs).where(jobs.c.id == job_id, jobs.c.state.in_((FAILED, CANCELLED)))
+            update(jobs).where(jobs.c.id == job_id, jobs.c.state.in_((FAILED, CANCELLED, PRUNED)))
             .values(state=QUEUED, attempt=0, finished_at=None, error=None, worker_id=None,
-                    lease_expires_at=None, result=None)
+                    lease_expires_at=None, result=None, queued_at=db_now())
             .returning(jobs)).first()
         if new is None:
             state = conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar()
             if state is None:
                 raise NotFound(f"job {job_id} not found")
-            raise Conflict(f"job {job_id} is {state}; only failed or cancelled jobs can be retried")
+            raise Conflict(f"job {job_id} is {state}; only failed, cancelled or pruned jobs can be retried")
+        counters.add(conn, counters.requeued(counters.Trigger.REQUEST))
         wakeup.notify(conn)
     return Job.from_row(new)
 
@@ -157,8 +176,9 @@ def record_progress(engine: Engine, job_id: int, claim_no: int, epochs: list[tup
     one transaction (a fast job can finish many epochs between two of its worker's looks at the pipe).
     An epoch recorded again replaces its record: a run that starts over writes its own history."""
     with write(engine) as conn:
+        # FOR UPDATE: on PostgreSQL a job ended meanwhile (cancelled, pruned) gets no epoch past its end.
         row = conn.execute(select(jobs.c.attempt, jobs.c.peak_memory_allocated, jobs.c.peak_memory_reserved)
-                           .where(_fenced(job_id, claim_no))).first()
+                           .where(_fenced(job_id, claim_no)).with_for_update()).first()
         if row is None:
             return False
         values: dict[str, Any] = {}
@@ -209,13 +229,15 @@ def _max(a, b):
 
 def succeed(engine: Engine, job_id: int, claim_no: int, result: dict, artifact_path: str | None) -> bool:
     with write(engine) as conn:
-        res = conn.execute(update(jobs).where(_fenced(job_id, claim_no)).values(
+        new = conn.execute(update(jobs).where(_fenced(job_id, claim_no)).values(
             state=SUCCEEDED, finished_at=db_now(), lease_expires_at=None, result=result,
             artifact_path=artifact_path, error=None,
             peak_memory_allocated=func.coalesce(result.get("peak_memory_allocated"), jobs.c.peak_memory_allocated),
-            peak_memory_reserved=func.coalesce(result.get("peak_memory_reserved"), jobs.c.peak_memory_reserved)))
+            peak_memory_reserved=func.coalesce(result.get("peak_memory_reserved"), jobs.c.peak_memory_reserved))
+            .returning(*counters.ENDED)).first()
+        counters.add(conn, counters.ended(RUNNING, new))
         wakeup.notify(conn)  # its device is free: a job waiting for room may start
-    return res.rowcount == 1
+    return new is not None
 
 
 def fail(engine: Engine, job_id: int, claim_no: int, error: dict) -> str | None:
@@ -238,10 +260,11 @@ def _fail_row(conn, job_id: int, claim_no: int, row, error: dict) -> str:
     history = [*(row.errors or []), {**error, "attempt": row.attempt}]
     values: dict[str, Any] = dict(error=error, errors=history, lease_expires_at=None)
     if retry_it:
-        values.update(state=QUEUED, worker_id=None)
+        values.update(state=QUEUED, worker_id=None, queued_at=db_now())
     else:
         values.update(state=FAILED, finished_at=db_now())
-    conn.execute(update(jobs).where(_fenced(job_id, claim_no)).values(**values))
+    new = conn.execute(update(jobs).where(_fenced(job_id, claim_no)).values(values).returning(*counters.ENDED)).first()
+    counters.add(conn, counters.requeued(counters.Trigger.FAILURE, error) if retry_it else counters.ended(RUNNING, new))
     wakeup.notify(conn)  # queued again, or ended: either gives some worker something to do
     return values["state"]
 
@@ -250,7 +273,8 @@ def requeue_preempted(engine: Engine, job_id: int, claim_no: int) -> bool:
     """The worker is shutting down: put the job back without using up an attempt."""
     with write(engine) as conn:
         res = conn.execute(update(jobs).where(_fenced(job_id, claim_no)).values(
-            state=QUEUED, attempt=jobs.c.attempt - 1, worker_id=None, lease_expires_at=None))
+            state=QUEUED, attempt=jobs.c.attempt - 1, worker_id=None, lease_expires_at=None, queued_at=db_now()))
+        counters.add(conn, counters.preempted() if res.rowcount == 1 else {})
         wakeup.notify(conn)
     return res.rowcount == 1
 
@@ -269,4 +293,5 @@ def requeue_expired(engine: Engine) -> list[tuple[int, str]]:
                 _fenced(job_id, claim_no), jobs.c.lease_expires_at < db_now()).with_for_update()).first()
             if row is not None:
                 out.append((job_id, _fail_row(conn, job_id, claim_no, row, error)))
+                counters.add(conn, counters.lease_expired())
     return out

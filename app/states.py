@@ -9,9 +9,12 @@ class JobState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # A sweep's trial stopped early by its pruner for doing worse than the others (app/trial_outcomes.py):
+    # not a failure (max_failed_trials does not count it), and retried only by hand, to run it to its end.
+    PRUNED = "pruned"
 
 
-TERMINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+TERMINAL = (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.PRUNED)
 
 
 class SweepState(StrEnum):

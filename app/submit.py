@@ -8,7 +8,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from trainyard.app import wakeup
+from trainyard.app import counters, wakeup
 from trainyard.app.db import db_now, jobs, read, write
 from trainyard.app.errors import Conflict
 from trainyard.app.records import Job
@@ -45,7 +45,7 @@ def insert_job(conn, spec: TrainJob | PredictJob | RunJob, idempotency_key: str 
     values: dict[str, Any] = dict(
         kind=spec.kind, name=spec.name, state=QUEUED, spec=body or stored_spec(spec), device_req=spec.device,
         priority=spec.priority, max_attempts=spec.max_attempts, timeout_s=spec.timeout_s,
-        idempotency_key=idempotency_key, attempt=0, claim=0, created_at=db_now(), errors=[],
+        idempotency_key=idempotency_key, attempt=0, claim=0, created_at=db_now(), queued_at=db_now(), errors=[],
         epoch=0 if spec.kind == "train" else None,
         epochs=spec.train.epochs if spec.kind == "train" else getattr(spec, "epochs", None), parameters=parameters,
         need_gpu_memory=spec.gpu_memory_bytes, devices=spec.device_count,
@@ -53,6 +53,7 @@ def insert_job(conn, spec: TrainJob | PredictJob | RunJob, idempotency_key: str 
         **{f"need_{kind[:-1]}": name for kind, name in (needs or {}).items()},
     )
     created = Job.from_row(conn.execute(insert(jobs).values(**values).returning(jobs)).one())
+    counters.add(conn, counters.submitted(spec.kind))
     wakeup.notify(conn)
     return created
 

@@ -6,9 +6,9 @@ from typing import Any
 
 from trainyard.app.records import Job, SweepPlan
 from trainyard.app.spec import DEFAULT_TRIALS, HIGHER_IS_BETTER, MAX_SWEEP_TRIALS, range_count
-from trainyard.app.states import Failure, JobState
+from trainyard.app.states import JobState
 
-# Counts by trial: the job states, with pruned trials apart from the ones that failed.
+# Counts by trial: the job states (a pruned trial's job ends `pruned`), in the order they are shown.
 COUNT_KEYS = ("queued", "running", "succeeded", "pruned", "failed", "cancelled")
 
 
@@ -39,7 +39,8 @@ def goal(spec: dict[str, Any] | SweepPlan) -> str:
 
 
 def failure(job: Job) -> str | None:
-    return (job.error or {}).get("class") if job.state == JobState.FAILED else None
+    """Why the trial's job did not finish: its error's class ("pruned" for a pruned one)."""
+    return (job.error or {}).get("class") if job.state in (JobState.FAILED, JobState.PRUNED) else None
 
 
 def trial_value(job: Job, metric: str) -> float | None:
@@ -67,13 +68,13 @@ def trial_number(job: Job) -> int:
 def counts(found: list[Job]) -> dict[str, int]:
     out = dict.fromkeys(COUNT_KEYS, 0)
     for j in found:
-        out["pruned" if failure(j) == Failure.PRUNED else j.state.value] += 1
+        out[j.state.value] += 1
     return out
 
 
 def latest_error(found: Iterable[Job]) -> str:
     """The latest trial failure that was no pruning, as a sweep that fails for its trials says it."""
-    failed = [j for j in found if j.state == JobState.FAILED and failure(j) != Failure.PRUNED]
+    failed = [j for j in found if j.state == JobState.FAILED]
     if not failed:
         return "none of its trials reported it"
     last = max(failed, key=lambda j: j.finished_at or 0)

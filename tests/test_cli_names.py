@@ -46,7 +46,7 @@ def test_control_characters_in_names_are_refused_at_submit(live):
              "parameters": {"train.lr": {"type": "float", "low": 0.001, "high": 0.1}}}
     with live.client() as c:
         r = c.post("/jobs", json={**QUEUED, "name": "a\x1b]52;c;eA==\x07"})
-        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "train", "name"], r.text
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "name"], r.text
         assert r"control character \x1b at 1" in r.json()["detail"][0]["msg"]
         r = c.post("/sweeps", json={**sweep, "name": "\x1b[2J"})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "name"], r.text

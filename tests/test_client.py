@@ -1,6 +1,8 @@
 """The Python client against the real server and a CPU worker: each resource's verbs (client.jobs, .sweeps,
 .datasets, .workers), the typed records they answer, and the old flat names, which warn and still work."""
+import inspect
 import json
+import re
 import warnings
 
 import pytest
@@ -177,3 +179,24 @@ def test_records_are_the_json_with_typed_attributes():
     assert [s.id for s in page.data] == [1, 2] and page.count == 9 and page.next_offset is None
     assert json.loads(json.dumps(page)) == {"data": [{"id": 1}, {"id": 2}], "count": 9, "limit": 2, "offset": 0}
     assert Job.state.key == "state"  # the class's attribute is the field itself
+
+
+def test_the_client_says_every_verb_and_what_it_takes():
+    """help(Client) lists each namespace's verbs with their parameters, as the code has them; a list's
+    docstring names each filter it takes."""
+    doc = " ".join((Client.__doc__ or "").split())
+    with Client("http://127.0.0.1:9") as c:  # nothing is requested
+        for ns in ("jobs", "sweeps", "datasets", "workers"):
+            section = re.search(rf"client\.{ns}: (.*?)(?= - client\.| and the service|$)", doc)
+            assert section, ns
+            resource = getattr(c, ns)
+            for verb in (v for v in dir(resource) if not v.startswith("_") and inspect.ismethod(getattr(resource, v))):
+                params = inspect.signature(getattr(resource, verb)).parameters.values()
+                said = ", ".join(p.name if p.default is p.empty else f"{p.name}=" for p in params)
+                assert f"{verb}({said})" in section.group(1), (ns, verb, said)
+            if hasattr(resource, "list"):
+                listed = inspect.getdoc(resource.list) or ""
+                for p in inspect.signature(resource.list).parameters:
+                    assert f"`{p}`" in listed or f"{p}=" in listed, (ns, p)
+    for call in ("devices()", "catalog()", "request(method, path, ...)"):
+        assert call in doc

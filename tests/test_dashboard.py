@@ -619,3 +619,106 @@ def test_sweep_page_from_recorded_payloads_log_axis_pruned_curves_live_updates_a
     expect(cancel).to_be_hidden()
     assert len(cancels) == 1
     assert watched.errors == []
+
+
+def test_a_pruned_trial_is_pruned_in_the_list_and_on_its_page_and_runs_to_its_end_from_there(live, watched):
+    """A real sweep whose second trial is pruned (lr 1e-6 against the finished lr 0.05): not a red `failed`, and
+    its one action is to run it to its end."""
+    with live.client() as c:
+        # (seed 1: the good trial first, the median the poor one is judged by.)
+        r = c.post("/sweeps", json={"name": "dash-prune", "job": tiny_job(600, batch_size=8), "method": "grid",
+                                    "seed": 1, "max_concurrent": 1,
+                                    "parameters": {"train.lr": {"type": "choice", "values": [0.05, 1e-6]}},
+                                    "pruner": {"type": "median", "startup_trials": 1, "warmup_epochs": 5}})
+        assert r.status_code == 201, r.text
+    done = wait_sweep(live, r.json()["id"])
+    jid = next((t["job_id"] for t in done["trials"] if t["state"] == "pruned"), None)
+    assert jid is not None, done["trials"]
+    page = watched.page
+    page.goto(live.url + "/")
+    badge = state_cell(page, jid)
+    expect(badge).to_have_text("pruned")
+    expect(badge).to_have_class(re.compile(r"\bstate-pruned\b"))
+    assert badge.evaluate("b => getComputedStyle(b).color") != page.evaluate(
+        "() => { const b = document.createElement('span'); b.className = 'badge state-failed';"
+        " document.body.append(b); const c = getComputedStyle(b).color; b.remove(); return c; }")
+    expect(page.get_by_test_id(f"job-row-{jid}")).to_have_attribute("data-state", "pruned")
+    expect(page.get_by_test_id(f"retry-{jid}")).to_have_text("Run to end")
+
+    page.goto(f"{live.url}/#/jobs/{jid}")
+    expect(page.get_by_test_id("job-state")).to_have_text("pruned")
+    expect(page.get_by_test_id("job-error")).to_contain_text("Pruned")
+    expect(page.get_by_test_id("job-error")).to_contain_text("worse than the median")
+    page.get_by_role("button", name=f"Run to end job {jid}").click()
+    expect(page.get_by_test_id("job-state")).to_have_text(re.compile(r"^(queued|running|succeeded)$"))
+    ended = live.wait_state(jid, timeout=120)
+    assert ended["state"] == "succeeded" and ended["progress"]["epoch"] == 600, ended
+    expect(page.get_by_test_id("job-state")).to_have_text("succeeded")
+    assert watched.errors == []
+
+
+def spiky_sweep(sweep_id: int, spike: float | None) -> tuple[dict, dict]:
+    """A finished sweep of twenty trials of ten epochs whose val_loss falls from about 1 towards 0.1; trial 7's
+    is `spike` at epoch 2 (none: no spike). The sweep and its curves, as the server gives them."""
+    trials, curves = [], []
+    for n in range(20):
+        points = [[e, round(0.1 + 0.9 / e + 0.01 * n, 4)] for e in range(1, 11)]
+        if n == 7 and spike is not None:
+            points[1][1] = spike
+        trials.append({"trial": n, "job_id": 1000 + n, "state": "succeeded", "failure": None,
+                       "params": {"train.lr": 0.001 * (n + 1)}, "value": points[-1][1], "epoch": 10, "epochs": 10,
+                       "best": n == 0, "created_at": 1790000000.0 + n, "started_at": None, "finished_at": None})
+        curves.append({"trial": n, "job_id": 1000 + n, "state": "succeeded", "failure": None, "best": n == 0,
+                       "points": points})
+    sweep = {"id": sweep_id, "name": "spiky", "state": "succeeded", "method": "random", "metric": "val_loss",
+             "direction": "minimize", "max_trials": 20, "max_concurrent": 4, "trial_count": 20,
+             "counts": {"queued": 0, "running": 0, "succeeded": 20, "pruned": 0, "failed": 0, "cancelled": 0},
+             "best": {"trial": 0, "job_id": 1000, "params": trials[0]["params"], "value": trials[0]["value"]},
+             "created_at": 1790000000.0, "finished_at": 1790000100.0, "error": None,
+             "spec": {"name": "spiky", "job": {"kind": "train"}, "method": "random", "metric": "val_loss",
+                      "parameters": {"train.lr": {"type": "float", "low": 1e-3, "high": 0.02}}},
+             "trials": trials}
+    return sweep, {"metric": "val_loss", "direction": "minimize", "trials": curves}
+
+
+def route_sweep(page, sweep: dict, curves: dict) -> None:
+    def curves_route(route):
+        since = int(re.search(r"[?&]since=(\d+)", route.request.url).group(1))
+        total = sum(len(t["points"]) for t in curves["trials"])
+        page_ = curves if since == 0 else {**curves, "trials": [{**t, "points": []} for t in curves["trials"]]}
+        route.fulfill(json={**page_, "next": total, "more": False})
+    page.route(f"**/sweeps/{sweep['id']}", lambda route: route.fulfill(json=sweep))
+    page.route(f"**/sweeps/{sweep['id']}/curves?*", curves_route)
+
+
+def test_one_trials_spike_does_not_flatten_the_other_curves(live, watched):
+    """The curves' y axis follows the bulk of the points (a note says what is beyond it, drawn on its edge); with no
+    spike it spans every point."""
+    page = watched.page
+    spiky, spiky_curves = spiky_sweep(9101, 6.5)
+    calm, calm_curves = spiky_sweep(9102, None)
+    route_sweep(page, spiky, spiky_curves)
+    route_sweep(page, calm, calm_curves)
+
+    page.goto(f"{live.url}/#/sweeps/9101")
+    chart = page.get_by_test_id("curves-chart")
+    expect(chart.locator("[data-series]")).to_have_count(20)
+    expect(chart).to_have_attribute("data-clipped", "true")
+    assert float(chart.get_attribute("data-ymax")) < 2  # the bulk tops out near 1.2, not at 6.5
+    note = page.get_by_test_id("curves-clip-note")
+    expect(note).to_contain_text("follows the bulk of the curves")
+    expect(note).to_contain_text("1 point beyond it (as far as 6.5000)")
+    spike = chart.locator("[data-trial='7'] circle.clipped")
+    expect(spike).to_have_count(1)
+    # The spike sits on the axis's top edge; the other curves spread over most of the plot's height.
+    tops = chart.locator("[data-series] circle").evaluate_all("cs => cs.map(c => +c.getAttribute('cy'))")
+    assert min(tops) == pytest.approx(30, abs=0.2)
+    others = chart.locator("[data-series]:not([data-trial='7']) circle").evaluate_all(
+        "cs => cs.map(c => +c.getAttribute('cy'))")
+    assert max(others) - min(others) > 0.6 * (260 - 30 - 36)
+
+    page.goto(f"{live.url}/#/sweeps/9102")
+    expect(page.get_by_test_id("sweep-state")).to_have_text("succeeded")
+    expect(chart).to_have_attribute("data-clipped", "false")
+    expect(page.get_by_test_id("curves-clip-note")).to_have_count(0)
+    assert watched.errors == []

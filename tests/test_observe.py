@@ -50,7 +50,9 @@ def test_a_reconnecting_client_resumes_after_the_last_event_id(service):
         assert [e["id"] for e in full if e["event"] == "epoch"] == ["1.1", "1.2", "1.3", "1.4"]
         later = list(client.jobs.events(job["id"], last_event_id="1.2"))
     assert [e["data"]["epoch"] for e in later if e["event"] == "epoch"] == [3, 4]
-    assert [e["event"] for e in later] == ["state", "epoch", "epoch", "end"]
+    # Nothing it had again: the run's opening state came before 1.2; the epochs left, the terminal state, the end.
+    assert [e["event"] for e in later] == ["epoch", "epoch", "state", "end"]
+    assert later[2]["data"]["state"] == "succeeded" and [e["id"] for e in later[:2]] == ["1.3", "1.4"]
 
 
 def test_logs_hold_training_output_and_the_traceback(service):
@@ -76,8 +78,9 @@ def test_prometheus_metrics(service):
     text = r.text
     assert 'trainyard_jobs{kind="train",state="succeeded"} 1.0' in text
     assert 'trainyard_jobs{kind="train",state="failed"} 1.0' in text
-    assert "trainyard_queue_depth 1.0" in text
-    assert 'trainyard_job_duration_seconds_count{kind="train"} 2.0' in text
+    assert 'trainyard_queue_depth{device="cuda:5",reason="no_device_worker"} 1.0' in text
+    assert 'trainyard_job_duration_seconds_count{kind="train",state="succeeded"} 1.0' in text
+    assert 'trainyard_job_duration_seconds_count{kind="train",state="failed"} 1.0' in text
     assert f'trainyard_workers_alive{{device="cpu",host="{socket.gethostname()}"}} 1.0' in text
     for name in ("trainyard_device_memory_used_bytes", "trainyard_torch_memory_allocated_bytes",
                  "trainyard_job_samples_per_second"):

@@ -75,7 +75,7 @@ def test_a_plugin_dataset_trains_a_builtin_model(live):
     ({**tiny_job(), "model": {"arch": "nosuchnet"}}, ["body", "model", "arch"]),
     ({**tiny_job(), "data": {"dataset": "nosuchdata"}}, ["body", "data", "dataset"]),
     ({"kind": "run", "entrypoint": "nosuchprogram"}, ["body", "entrypoint"]),
-    ({**tiny_job(), "model": {"arch": "mlp", "params": {"x": 1}}}, ["body", "train", "model"]),
+    ({**tiny_job(), "model": {"arch": "mlp", "params": {"x": 1}}}, ["body", "model"]),
 ])
 def test_unknown_plugin_names_are_422_naming_the_field(live, body, field):
     with live.client() as c:

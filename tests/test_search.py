@@ -182,7 +182,7 @@ def test_the_median_rule_prunes_a_poor_trial_which_keeps_its_metrics(engine, set
     bad = run_trial(engine, [1.1, 1.1], finish=False)  # running, worse than the median at epoch 2
     s.pass_once()
     pruned = job_reads.get_job(engine, bad.id)
-    assert pruned.state == "failed" and pruned.error["class"] == "pruned"
+    assert pruned.state == "pruned" and pruned.error["class"] == "pruned"
     assert "epoch 2" in pruned.error["message"] and "median" in pruned.error["message"]
     assert [m["val_loss"] for m in job_reads.get_metrics(engine, bad.id)] == [1.1, 1.1]
     assert not queue.still_ours(engine, bad.id, bad.claim)  # its worker stops the process
@@ -260,7 +260,7 @@ def test_asha_keeps_the_best_fraction_at_each_rung(engine, settings):
     worse = run_trial(engine, [0.9], finish=False)  # at rung 0 (epoch 1) outside the best half of two
     s.pass_once()
     job = job_reads.get_job(engine, worse.id)
-    assert job.state == "failed" and job.error["class"] == "pruned" and "ASHA" in job.error["message"]
+    assert job.state == "pruned" and job.error["class"] == "pruned" and "ASHA" in job.error["message"]
     better = run_trial(engine, [0.45, 0.35], finish=False)  # the best half at rungs 0 and 1: goes on
     s.pass_once()
     assert job_reads.get_job(engine, better.id).state == "running"

@@ -121,7 +121,7 @@ def test_the_median_rule_prunes_a_clearly_bad_trial_before_its_last_epoch(live):
         # The decision is the job's finished_at (the database clock: this host's); its worker lets it go
         # (SIGTERM, SIGKILL after a second's grace) and says so at its next heartbeat (0.5 s here).
         for t in s.get("trials") or []:
-            if t["failure"] == "pruned" and t["job_id"] not in freed_after:
+            if t["state"] == "pruned" and t["job_id"] not in freed_after:
                 decided = datetime.fromisoformat(t["finished_at"]).timestamp()
                 job_id = t["job_id"]
                 with live.client() as c:
@@ -132,15 +132,15 @@ def test_the_median_rule_prunes_a_clearly_bad_trial_before_its_last_epoch(live):
     # (With one finished trial the median is that trial: lr 0.03 may be pruned too, behind lr 0.05.)
     assert done["state"] == "succeeded" and done["counts"]["succeeded"] >= 1 and done["counts"]["pruned"] >= 1
     bad = next(t for t in done["trials"] if t["params"]["train.lr"] == 1e-6)
-    assert bad["failure"] == "pruned" and bad["epoch"] < epochs
+    assert bad["state"] == bad["failure"] == "pruned" and bad["epoch"] < epochs
     with live.client() as c:
         job = c.get(f"/jobs/{bad['job_id']}").json()
-        assert job["state"] == "failed" and job["error"]["class"] == "pruned" and "median" in job["error"]["message"]
+        assert job["state"] == "pruned" and job["error"]["class"] == "pruned" and "median" in job["error"]["message"]
         assert len(c.get(f"/jobs/{bad['job_id']}/metrics").json()) >= 6  # it keeps the metrics it reported
         # Its worker stopped the process within 2 s of the decision (the supervisor logs it).
         assert "process stopped" in c.get(f"/jobs/{bad['job_id']}/logs").text
         pruned_epoch = int(job["error"]["message"].split("epoch ")[1].split(":")[0])
-        assert bad["epoch"] - pruned_epoch < epochs / 2
+        assert bad["epoch"] == pruned_epoch  # where its metrics end: nothing was recorded after
     assert freed_after and max(freed_after.values()) < 2.5, freed_after  # 2 s, plus the heartbeat's lag
 
 
@@ -201,10 +201,10 @@ def test_bad_sweeps_get_422_naming_the_field(live):
         ({"parameters": {"model.activation": {"type": "int", "low": 1, "high": 2}}},
          ["parameters", "model.activation", "type"]),
         ({"parameters": {"train.lr": {"type": "choice", "values": []}}},
-         ["parameters", "train.lr", "choice", "values"]),
+         ["parameters", "train.lr", "values"]),
         ({"method": "grid", "max_trials": 2,
           "parameters": {"train.lr": {"type": "choice", "values": [0.1, 0.2, 0.3]}}}, ["max_trials"]),
-        ({"parameters": {"train.lr": {"type": "float", "low": 0.5, "high": 0.1}}}, ["parameters", "train.lr", "float"]),
+        ({"parameters": {"train.lr": {"type": "float", "low": 0.5, "high": 0.1}}}, ["parameters", "train.lr"]),
         ({"parameters": {"train.lr": {"type": "choice", "values": [0.1]}}, "metric": "nope"}, ["metric"]),
     ]
     with live.client() as c:

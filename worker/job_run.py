@@ -139,10 +139,11 @@ class JobRun:
         self.kill()
 
     def lost(self) -> None:
-        """The job was cancelled or taken over by another worker: stop our copy, write nothing."""
+        """The job was ended (cancelled, pruned by its sweep) or taken over by another worker: stop our copy,
+        write nothing (every write is fenced)."""
         self.stop_now()
         self.outcome = "lost"
-        self.log("job is no longer ours (cancelled or taken over): process stopped")
+        self.log("job is no longer ours (cancelled, pruned or taken over): process stopped")
         self.sum_up()
 
     # -- endings ----------------------------------------------------------------------------------

@@ -2,19 +2,40 @@
 and its lifespan opens the database and starts the background duties (app/api/background.py)."""
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 from fastapi import Depends, FastAPI
+from fastapi.routing import APIRoute
 
 from trainyard.app import __version__, metrics, migrate
-from trainyard.app.api import background, errors
+from trainyard.app.api import background, errors, openapi
 from trainyard.app.api.deps import require_token
 from trainyard.app.api.guard import RequestGuard
 from trainyard.app.api.reads import LoopReader
-from trainyard.app.api.routes import dashboard, datasets, jobs, sweeps, system
+from trainyard.app.api.routes import dashboard, datasets, events, jobs, sweeps, system
 from trainyard.app.api.schemas import UNAUTHORIZED
 from trainyard.app.api.streams import StreamSlots, SweepHub
 from trainyard.app.db import make_engine
 from trainyard.app.settings import Settings, get_settings
+
+
+class Api(FastAPI):
+    """The app: FastAPI's, with its OpenAPI document tidied (app/api/openapi.py) and its body limit's 413 sent
+    as JSON (errors.JsonTooLarge, around the limit, which sits outside every middleware of ours)."""
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
+            openapi.tidy(super().openapi())
+        return super().openapi()
+
+    def build_middleware_stack(self):
+        return errors.JsonTooLarge(super().build_middleware_stack())
+
+
+def operation_id(route: APIRoute) -> str:
+    """A route's operation id: its own (every route names one: generated clients' methods are named by it),
+    else its function's name; also names its body's schema (Body_upload_dataset)."""
+    return route.operation_id or route.name
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -40,14 +61,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine.dispose()
 
     # max_body_size: bodies over the limit get 413, with or without a Content-Length.
-    app = FastAPI(title="trainyard", version=__version__, lifespan=lifespan, max_body_size=settings.max_body_bytes,
-                  description="Run PyTorch training and inference jobs on your GPU machines.")
+    app = Api(title="trainyard", version=__version__, lifespan=lifespan, max_body_size=settings.max_body_bytes,
+              description="Run PyTorch training and inference jobs on your GPU machines.",
+              generate_unique_id_function=operation_id)
     app.state.settings = settings
     app.add_middleware(RequestGuard, allowed_hosts=settings.allowed_host_list,
                        allowed_origins=settings.allowed_origin_list)
     auth = [Depends(require_token)]
     app.include_router(jobs.router, dependencies=auth, responses=UNAUTHORIZED)
     app.include_router(sweeps.router, dependencies=auth, responses=UNAUTHORIZED)
+    app.include_router(events.router, dependencies=auth, responses=UNAUTHORIZED)
     app.include_router(datasets.make_router(settings), dependencies=auth, responses=UNAUTHORIZED)
     app.include_router(system.router, dependencies=auth, responses=UNAUTHORIZED)
     app.include_router(system.health_router)

@@ -1,13 +1,13 @@
 """Wire types of the REST API (apart from the tables): JobPublic, JobsPublic, MetricPublic, WorkerPublic,
-SweepPublic, TrialPublic."""
+SweepPublic, TrialPublic, ErrorPublic (schemas_service: the answers about the service)."""
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 
 from trainyard.app.job_summaries import spec_summary
 from trainyard.app.records import Job
-from trainyard.app.states import JobState
+from trainyard.app.states import Failure, JobState, SweepState
 from trainyard.app.sweep_results import best_trial, counts, failure, summary, trial_value
 
 # Result keys that can be large. They live in a file beside the job's run (GET /jobs/{id}/result);
@@ -22,6 +22,50 @@ def ts(v: float | None) -> datetime | None:
 class Progress(BaseModel):
     epoch: int | None = None
     epochs: int | None = None
+
+
+class EpochMetrics(BaseModel):
+    """An epoch's record: the trainer's metrics below, or what a run job reported (any names, numbers)."""
+    __pydantic_extra__: dict[str, float | None]
+    model_config = ConfigDict(extra="allow")
+    epoch: int
+    epochs: int | None = Field(None, description="epochs the run expects (train jobs)")
+    train_loss: float | None = None
+    val_loss: float | None = Field(None, description="null on epochs not evaluated (train.eval_every)")
+    val_accuracy: float | None = None
+    lr: float | None = Field(None, description="the learning rate of the epoch's last optimizer step")
+    effective_batch: int | None = Field(None, description="samples per optimizer step (all devices, accumulated)")
+    grad_norm: float | None = Field(None, description="mean gradient norm before clipping (train.grad_clip_norm)")
+    samples_per_s: float | None = None
+    seconds: float | None = None
+    memory_allocated: int | None = None
+    memory_reserved: int | None = None
+    max_memory_allocated: int | None = None
+
+
+class MetricPublic(EpochMetrics):
+    attempt: int
+
+
+class JobErrorPublic(BaseModel):
+    """A failed run's error (its traceback is in the job's log)."""
+    model_config = ConfigDict(extra="allow", populate_by_name=True, serialize_by_alias=True)
+    class_: Failure = Field(alias="class", description="decides whether the job is tried again")
+    type: str = Field(description="the exception's or the failure's name")
+    message: str
+    attempt: int | None = Field(None, description="in `errors`: the attempt it ended")
+
+
+class JobResult(BaseModel):
+    """A job's result. train: epochs, train_loss, val_loss, val_accuracy, samples_per_s, input_shape, num_classes,
+    class_names, parameters, kept_epoch...; predict on inputs: predictions (rows; in a job's `result`, their count),
+    class_names; predict on a dataset: samples, accuracy, loss, per_class_accuracy, confusion_matrix; run: what
+    its entrypoint returned."""
+    model_config = ConfigDict(extra="allow")
+
+
+# SerializeAsAny: the job's parts as job_fields gives them (plain values, JobPublic.from_job's model_construct) are
+# serialised as they are, not as the model each documents.
 
 
 class JobSummary(BaseModel):
@@ -43,12 +87,12 @@ class JobSummary(BaseModel):
     ranks: list[dict[str, str]] | None = Field(None, description="a job on several devices: each rank's worker and "
                                                                  "device, rank 0 first, for its latest run")
     progress: Progress
-    latest_metrics: dict[str, Any] | None
+    latest_metrics: SerializeAsAny[EpochMetrics] | None
     peak_memory_allocated: int | None = Field(description="peak torch.cuda.max_memory_allocated (bytes, CUDA only)")
     peak_memory_reserved: int | None = Field(description="peak torch.cuda.memory_reserved (bytes, CUDA only)")
     checkpoint_epoch: int | None
     parameters: int | None = Field(None, description="the model's parameter count (train jobs), counted at submit")
-    error: dict[str, Any] | None = Field(description="the latest error, without its traceback")
+    error: SerializeAsAny[JobErrorPublic] | None = Field(description="the latest error, without its traceback")
     waiting_for: str | None = Field(None, description="a queued job no live worker can take: why (no worker for "
                                                       "its device, plugin or GPU memory); null while it only waits "
                                                       "its turn")
@@ -99,9 +143,10 @@ def job_fields(job: Job, waiting_for: str | None, include: tuple[str, ...] = HEA
 
 
 class JobPublic(JobSummary):
-    spec: dict[str, Any]
-    errors: list[dict[str, Any]] = Field(description="every error of every attempt, oldest first")
-    result: dict[str, Any] | None = Field(description="summary of the result; GET /jobs/{id}/result has all of it")
+    spec: dict[str, Any] = Field(description="the job as submitted (its defaults filled in)")
+    errors: list[SerializeAsAny[JobErrorPublic]] = Field(description="every error of every attempt, oldest first")
+    result: SerializeAsAny[JobResult] | None = Field(description="summary of the result; GET /jobs/{id}/result has "
+                                                                 "all of it")
 
     @classmethod
     def from_job(cls, job: Job, waiting_for: str | None = None) -> "JobPublic":
@@ -112,12 +157,19 @@ class JobPublic(JobSummary):
 
 class JobListItem(JobSummary):
     spec: dict[str, Any] | None = Field(None, description="present with include=spec")
-    errors: list[dict[str, Any]] | None = Field(None, description="present with include=errors")
-    result: dict[str, Any] | None = Field(None, description="present with include=result (its summary)")
+    errors: list[SerializeAsAny[JobErrorPublic]] | None = Field(None, description="present with include=errors")
+    result: SerializeAsAny[JobResult] | None = Field(None, description="present with include=result (its summary)")
+
+
+class FieldError(BaseModel):
+    loc: list[str | int] = Field(description='where: ["body", "train", "lr"], ["query", "limit"]...')
+    msg: str
+    type: str
 
 
 class ErrorPublic(BaseModel):
-    detail: str | list[dict[str, Any]] = Field(description="what is wrong; for a field: [{loc, msg, type}]")
+    """Every error the server sends, whatever its status (422 included)."""
+    detail: str | list[FieldError] = Field(description="what is wrong; for a field: [{loc, msg, type}]")
 
 
 def responses(**codes: str) -> dict:
@@ -139,23 +191,6 @@ class JobsPublic(BaseModel):
                                                "bytes reached TRAINYARD_MAX_LIST_BYTES (include less, or go on at "
                                                "next_offset)")
     next_offset: int | None = Field(None, description="the offset of the next page; null on the last")
-
-
-class MetricPublic(BaseModel):
-    model_config = {"extra": "allow"}
-    epoch: int
-    attempt: int
-    train_loss: float | None = None
-    val_loss: float | None = Field(None, description="null on epochs not evaluated (train.eval_every)")
-    val_accuracy: float | None = None
-    lr: float | None = Field(None, description="the learning rate of the epoch's last optimizer step")
-    effective_batch: int | None = Field(None, description="samples per optimizer step (all devices, accumulated)")
-    grad_norm: float | None = Field(None, description="mean gradient norm before clipping (train.grad_clip_norm)")
-    samples_per_s: float | None = None
-    seconds: float | None = None
-    memory_allocated: int | None = None
-    memory_reserved: int | None = None
-    max_memory_allocated: int | None = None
 
 
 class WorkerPublic(BaseModel):
@@ -184,7 +219,7 @@ class TrialPublic(BaseModel):
     trial: int = Field(description="the trial's number in its sweep, from 0")
     job_id: int
     state: JobState = Field(description="its job's state")
-    failure: str | None = Field(description="its job's error class when it failed: pruned, job, oom...")
+    failure: str | None = Field(description="its job's error class when it failed or was pruned: job, oom..., pruned")
     params: dict[str, Any] = Field(description="dotted path -> the value this trial tries")
     value: float | None = Field(description="the sweep's metric: a succeeded trial's final (kept epoch's) value, "
                                             "otherwise the latest reported")
@@ -199,7 +234,7 @@ class TrialPublic(BaseModel):
 class SweepPublic(BaseModel):
     id: int
     name: str | None
-    state: str = Field(description="running, succeeded, failed or cancelled")
+    state: SweepState
     method: str
     metric: str
     direction: str

@@ -1,17 +1,29 @@
 """The `trainyard` command: run the server and workers (launch.py), talk to the API (commands.py), and check
 a GPU host (gpu_check.py: `trainyard gpu-check`).
 
-Human-readable output by default, `--json` for scripts. Client commands talk to TRAINYARD_URL
-(or --url) and send TRAINYARD_API_TOKEN (or --token) as a bearer token.
+Human-readable output by default, `--json` for scripts: then every error, a mistyped argument too, is JSON on
+stderr (output.py says its shape) with a non-zero exit. Client commands talk to TRAINYARD_URL (or --url) and
+send TRAINYARD_API_TOKEN (or --token) as a bearer token.
 """
 import argparse
+import sys
+from typing import NoReturn
 
 from trainyard.app.cli import commands, gpu_check, launch
+from trainyard.app.cli.output import fail
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trainyard", description="Run PyTorch training and inference jobs on your "
-                                                              "GPU machines, over REST.")
+def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
+    """The parser; with json_errors, one that says a mistyped command line as JSON (the command asked for
+    --json, which argparse has not read yet when the line is wrong)."""
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            if not json_errors:
+                super().error(message)
+            self.exit(fail(f"{self.prog}: {message}", as_json=True))
+
+    p = Parser(prog="trainyard", description="Run PyTorch training and inference jobs on your GPU machines, "
+                                             "over REST.")
     sub = p.add_subparsers(dest="command", required=True)
     launch.add_commands(sub)
     commands.add_commands(sub)
@@ -20,6 +32,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(json_errors="--json" in argv).parse_args(argv)
     return args.fn(args)
-

@@ -1,15 +1,20 @@
-"""How a client command runs: its Client, a failed request as the exit code, a JSON file it reads, and the
-commands that read (or change) one thing by its id and show the answer."""
+"""How a client command runs: its Client, a failed request or a local error as the exit code, a JSON file it
+reads, and the commands that read (or change) one thing by its id and show the answer."""
 import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainyard.app.cli.output import err, error, show
+from trainyard.app.cli.output import error, fail, show
 from trainyard.app.client import APIError, Client
 
 Command = Callable[[Client, Any], int]
+
+
+class LocalError(Exception):
+    """What a command found wrong before or beside any request (a file it cannot read, an argument out of
+    range): said like a refused request (JSON under --json), exit code 2."""
 
 
 def run(fn: Command, args) -> int:
@@ -18,15 +23,18 @@ def run(fn: Command, args) -> int:
             return fn(client, args)
         except APIError as exc:
             return error(exc, args.json)
+        except LocalError as exc:
+            return fail(str(exc), args.json)
+        except OSError as exc:  # a file to upload, or a download's folder: named by the OSError itself
+            return fail(f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc), args.json)
 
 
 def read_json(path: str, what: str):
-    """The JSON in a file ('-': stdin); None, said on stderr, when it cannot be read."""
+    """The JSON in a file ('-': stdin); LocalError when it cannot be read."""
     try:
         return json.loads(Path(path).read_text()) if path != "-" else json.load(sys.stdin)
     except (OSError, ValueError) as exc:
-        err.print(f"cannot read a JSON {what} from {path}: {exc}", style="red", markup=False, highlight=False)
-        return None
+        raise LocalError(f"cannot read a JSON {what} from {path}: {exc}") from None
 
 
 def by_id(call: Callable[[Client, Any], Any], render: Callable[[Any], None], key: str = "id") -> Command:

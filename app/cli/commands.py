@@ -1,6 +1,6 @@
 """Client commands, which talk to the API: their common options (--json, --url, --token) and their parsers,
-each group in its own module: job_commands.py (submit, jobs, status, watch, logs, cancel, retry, download,
-upload), fleet_commands.py (devices, workers, drain, undrain), sweep_commands.py (sweep, sweeps,
+each group in its own module: job_commands.py (submit, jobs, status, watch, logs, result, metrics, cancel,
+retry, download, upload), fleet_commands.py (devices, workers, drain, undrain), sweep_commands.py (sweep, sweeps,
 sweep-status, sweep-watch, sweep-cancel)."""
 import argparse
 

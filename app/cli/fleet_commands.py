@@ -15,7 +15,7 @@ def add_fleet_commands(add) -> None:
              "let a worker finish its job and claim nothing more"),
             ("undrain", by_id(lambda c, i: c.workers.undrain(i), lambda w: worker_table([w]), "worker_id"),
              "let a drained worker claim jobs again")):
-        add(name, fn, help).add_argument("worker_id", help="as `trainyard workers` lists it")
+        add(name, fn, help).add_argument("worker_id", help="the worker's id, as `trainyard workers` lists it")
 
 
 def cmd_devices(client: Client, args) -> int:

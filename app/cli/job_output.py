@@ -1,11 +1,11 @@
-"""How the CLI shows a job: its table, its progress as text, and a live progress bar or one line per
-change while it runs (following its event stream)."""
+"""How the CLI shows a job: its table, its progress as text, a live progress bar or one line per change while
+it runs (following its event stream), and what it made: its metrics per epoch and its result."""
 import json
 from collections.abc import Callable
 
 from rich.table import Table
 
-from trainyard.app.cli.output import console, err, mib, ride_out, shown
+from trainyard.app.cli.output import console, err, mib, number, ride_out, shown, state_text
 from trainyard.app.client import APIError, Client
 from trainyard.app.states import JobState
 from trainyard.app.text import escaped
@@ -24,7 +24,7 @@ def job_table(job: dict) -> None:
     t = Table(show_header=False, box=None)
     for key in ("id", "kind", "name", "state", "device", "worker_id", "attempt", "parameters", "created_at",
                 "started_at", "finished_at"):
-        t.add_row(key, shown(job.get(key)))
+        t.add_row(key, state_text(job[key]) if key == "state" else shown(job.get(key)))
     t.add_row("progress", progress_text(job) or "-")
     if job.get("waiting_for"):
         t.add_row("waiting for", f"[yellow]{shown(job['waiting_for'])}[/yellow]")
@@ -36,6 +36,42 @@ def job_table(job: dict) -> None:
         t.add_row("error", shown(f"[{e.get('class')}] {e['type']}: {e['message']}"))
     if job.get("result"):
         t.add_row("result", shown(json.dumps(job["result"])))
+    console.print(t)
+
+
+def metrics_table(records: list[dict]) -> None:
+    """One row per epoch record: its epoch and attempt, then a column per metric any record has (in the
+    order they first come)."""
+    names = dict.fromkeys(k for k in ("epoch", "attempt") if any(k in r for r in records))
+    for r in records:
+        names.update(dict.fromkeys(k for k, v in r.items() if v is not None))
+    t = Table(*map(shown, names))
+    for r in records:
+        t.add_row(*(mib(r.get(k)) if k.startswith(("memory_", "max_memory_")) else number(r.get(k)) for k in names))
+    console.print(t)
+
+
+# Of each prediction's probabilities, a table shows the most likely few (--json has them all).
+SHOWN_CLASSES = 3
+
+
+def result_view(result: dict) -> None:
+    """A predict job's predictions as a table (each row's class and its most likely classes); any other
+    result (an evaluation, a train or run job's) as its fields."""
+    rows = result.get("predictions")
+    if isinstance(rows, list) and all(isinstance(r, dict) and "class" in r for r in rows):  # not a run job's own
+        names = result.get("class_names") or []
+        t = Table("row", "class", "most likely")
+        for r in rows:
+            top = r.get("top") or sorted(({"class": n, "probability": p} for n, p in
+                                          zip(names, r.get("probabilities") or [])), key=lambda c: -c["probability"])
+            t.add_row(str(r.get("index")), shown(r.get("class")),
+                      shown(", ".join(f"{c['class']} {c['probability']:.4f}" for c in top[:SHOWN_CLASSES])))
+        console.print(t)
+        return
+    t = Table(show_header=False, box=None)
+    for key, value in result.items():
+        t.add_row(shown(key), shown(number(value)))
     console.print(t)
 
 
@@ -114,4 +150,7 @@ def say_failure(job: dict) -> None:
     if job["state"] == JobState.FAILED:
         e = job["error"]
         err.print(escaped(f"job {job['id']} failed: [{e['class']}] {e['type']}: {e['message']}"), style="red",
+                  markup=False, highlight=False)
+    elif job["state"] == JobState.PRUNED:  # its sweep stopped it early: why, not an error
+        err.print(escaped(f"job {job['id']} {(job.get('error') or {}).get('message') or 'pruned'}"), style="yellow",
                   markup=False, highlight=False)

@@ -7,26 +7,30 @@ from trainyard.app import device_names
 from trainyard.app.settings import get_settings
 
 
+def _listen_options(p) -> None:
+    p.add_argument("--host", help="the address the API listens on (default: TRAINYARD_HOST or 127.0.0.1)")
+    p.add_argument("--port", type=int, help="the API's port (default: TRAINYARD_PORT or 8000)")
+
+
 def add_commands(sub) -> None:
     s = sub.add_parser("serve", help="run the API server")
-    s.add_argument("--host")
-    s.add_argument("--port", type=int)
-    s.add_argument("--log-level", default="info")
+    _listen_options(s)
+    s.add_argument("--log-level", default="info", help="uvicorn's: critical, error, warning, info, debug, trace")
     s.add_argument("--workers", type=int, default=1,
                    help="server processes sharing the port (one of them runs the lease reaper)")
     s.set_defaults(fn=cmd_serve)
     w = sub.add_parser("worker", help="run a worker bound to one device")
     w.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     w.add_argument("--burst", action="store_true", help="exit when the queue is empty")
-    w.add_argument("--max-jobs", type=int)
+    w.add_argument("--max-jobs", type=int, help="exit after running this many jobs")
     w.set_defaults(fn=cmd_worker)
     u = sub.add_parser("up", help="run the server and one worker per GPU (or a CPU worker)")
-    u.add_argument("--host")
-    u.add_argument("--port", type=int)
+    _listen_options(u)
     u.add_argument("--cpu-workers", type=int, default=1, help="CPU workers to start when there is no GPU")
     u.set_defaults(fn=cmd_up)
     d = sub.add_parser("db", help="the database schema: upgrade it to this release's, or show its revision")
-    d.add_argument("action", choices=["upgrade", "current"])
+    d.add_argument("action", choices=["upgrade", "current"], help="upgrade: migrate the database to this release's "
+                   "schema; current: show its revision and this release's")
     d.set_defaults(fn=cmd_db)
 
 

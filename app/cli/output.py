@@ -8,6 +8,12 @@ characters as escapes (\\x1b), so that a name cannot set the clipboard or clear 
 markup as text, so that "[link=...]" is not a hyperlink. JSON output escapes control characters itself.
 A job's log (`trainyard logs`) is its own output, printed as such through TerminalWriter: colours kept,
 every other escape sequence taken out.
+
+Off a terminal (a pipe, a file) nothing is wrapped or cut to a width: a script reads each line whole.
+Under --json every error is one JSON object on stderr, {"error": {"status_code", "detail"}}, and the exit
+code is not 0: status_code is the HTTP status, 0 when the server could not be reached, null for an error
+before any request (a file that cannot be read, a bad argument). A followed job or sweep that failed is an
+answer, not an error: on stdout, exit code 1, stderr left empty.
 """
 import json
 import re
@@ -18,12 +24,36 @@ from typing import Any, BinaryIO
 
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from trainyard.app.client import APIError, describe
+from trainyard.app.states import JobState
 from trainyard.app.text import escaped
 
-console = Console()
-err = Console(stderr=True)
+# A width no line reaches: off a terminal, Rich would otherwise wrap text and cut table cells at 80 columns.
+UNWRAPPED = 1_000_000
+
+
+def _console(stderr: bool) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):  # None, or closed
+        tty = False
+    return Console(stderr=stderr, width=None if tty else UNWRAPPED)
+
+
+console = _console(stderr=False)
+err = _console(stderr=True)
+
+# A state's colour (a job's, a sweep's, a trial's): a pruned trial was stopped early, not broken.
+STATE_STYLE: dict[str, str] = {JobState.SUCCEEDED: "green", JobState.FAILED: "red", JobState.CANCELLED: "yellow",
+                               JobState.PRUNED: "yellow", JobState.RUNNING: "cyan", JobState.QUEUED: "dim"}
+
+
+def state_text(state: str) -> Text:
+    """A job's or sweep's state in its colour (its first word: "failed (oom)" is red)."""
+    return Text(escaped(state), STATE_STYLE.get(state.split(" ")[0], ""))
 
 
 def shown(value: Any) -> str:
@@ -71,6 +101,15 @@ def show(obj: Any, as_json: bool, render: Callable[[Any], None]) -> None:
         render(obj)
 
 
+def fail(message: str, as_json: bool) -> int:
+    """Report an error found before (or instead of) a request, on stderr; the exit code, 2."""
+    if as_json:
+        print(json.dumps({"error": {"status_code": None, "detail": message}}), file=sys.stderr)
+    else:
+        err.print(escaped(message), style="red", markup=False, highlight=False)
+    return 2
+
+
 def error(exc: APIError, as_json: bool) -> int:
     """Report a failed request on stderr; the exit code (2: unreachable, 1: refused)."""
     if as_json:
@@ -83,6 +122,17 @@ def error(exc: APIError, as_json: bool) -> int:
         err.print(f"error {exc.status_code}: {escaped(describe(exc.detail))}", style="red", markup=False,
                   highlight=False)
     return 2 if exc.status_code == 0 else 1
+
+
+def number(v) -> str:
+    """A metric or parameter value, short: 4 significant digits for floats, JSON for lists."""
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v, separators=(",", ":"))
+    return escaped(v)  # a choice's string: the client's
 
 
 def mib(n) -> str:

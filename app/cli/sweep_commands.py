@@ -2,37 +2,34 @@
 from rich.table import Table
 
 from trainyard.app.cli.calls import by_id, read_json
-from trainyard.app.cli.output import console, show, shown
-from trainyard.app.cli.sweep_output import counts_text, follow_sweep_table, number, say_best, sweep_summary
-from trainyard.app.client import Client
-from trainyard.app.states import JobState
+from trainyard.app.cli.output import console, number, show, shown, state_text
+from trainyard.app.cli.sweep_output import counts_text, follow_sweep, follow_sweep_table, say_best, sweep_summary
+from trainyard.app.client import TERMINAL, Client
+from trainyard.app.states import SweepState
 
 
 def add_sweep_commands(add) -> None:
     """The sweep commands' parsers, through the client commands' `add` (commands.py)."""
     sw = add("sweep", cmd_sweep, "start a hyperparameter sweep from a JSON file ('-' for stdin)")
-    sw.add_argument("file")
+    sw.add_argument("file", help="the sweep's spec, as POST /sweeps takes it ('-': read it from stdin)")
     sw.add_argument("--follow", action="store_true", help="show a live table of its trials until it ends, then "
                                                           "its best trial")
     sl = add("sweeps", cmd_sweeps, "list sweeps, newest first")
-    sl.add_argument("--state")
-    sl.add_argument("--limit", type=int, default=50)
+    sl.add_argument("--state", help=f"only sweeps in this state ({', '.join(SweepState)})")
+    sl.add_argument("--limit", type=int, default=50, help="at most this many (default: 50)")
     for name, fn, help in (("sweep-status", by_id(lambda c, i: c.sweeps.get(i), sweep_summary),
                             "show a sweep and its trials"),
                            ("sweep-watch", cmd_sweep_watch, "show a sweep's live table of trials until it ends"),
                            ("sweep-cancel", by_id(lambda c, i: c.sweeps.cancel(i), sweep_summary),
                             "cancel a sweep and its unfinished trials")):
-        add(name, fn, help).add_argument("id", type=int)
+        add(name, fn, help).add_argument("id", type=int, help="the sweep's id (`trainyard sweeps` lists them)")
 
 
 def cmd_sweep(client: Client, args) -> int:
-    body = read_json(args.file, "sweep")
-    if body is None:
-        return 2
-    sweep = client.sweeps.submit(body)
+    sweep = client.sweeps.submit(read_json(args.file, "sweep"))
     if not args.follow:
         show(sweep, args.json, sweep_summary)
-        return 0 if sweep["state"] not in (JobState.FAILED, JobState.CANCELLED) else 1
+        return 1 if sweep["state"] in TERMINAL and sweep["state"] != SweepState.SUCCEEDED else 0
     return watch_sweep(client, sweep["id"], args.json)
 
 
@@ -41,10 +38,14 @@ def cmd_sweep_watch(client: Client, args) -> int:
 
 
 def watch_sweep(client: Client, sweep_id: int, as_json: bool) -> int:
-    """The live table until the sweep ends, then its best trial; 0 only when the sweep succeeded."""
-    sweep = follow_sweep_table(client, sweep_id)
+    """The live table until the sweep ends, then its best trial (under --json: nothing until the ended sweep);
+    0 only when the sweep succeeded."""
+    if as_json:
+        sweep = follow_sweep(client, sweep_id, lambda sweep, trials: None)
+    else:
+        sweep = follow_sweep_table(client, sweep_id)
     show(sweep, as_json, say_best)  # the table stays on stderr: stdout gets only the answer
-    return 0 if sweep["state"] == JobState.SUCCEEDED else 1
+    return 0 if sweep["state"] == SweepState.SUCCEEDED else 1
 
 
 
@@ -55,7 +56,7 @@ def cmd_sweeps(client: Client, args) -> int:
         t = Table("id", "name", "state", "method", "metric", "trials", "counts", "best", "created")
         for s in page["data"]:
             best = s.get("best")
-            t.add_row(str(s["id"]), shown(s.get("name") or ""), s["state"], s["method"],
+            t.add_row(str(s["id"]), shown(s.get("name") or ""), state_text(s["state"]), s["method"],
                       f"{s['metric']} ({s.get('direction') or '?'})",
                       f"{s.get('trial_count') or 0}/{s.get('max_trials') or '?'}", counts_text(s.get("counts") or {}),
                       f"{number(best['value'])} (trial {best['trial']})" if best else "-", when(s.get("created_at")))

@@ -1,6 +1,5 @@
 """How the CLI shows a sweep: one line about it, a table of its trials (live while it runs, following its
 event stream), and its best trial."""
-import json
 import time
 from collections.abc import Callable
 
@@ -8,24 +7,10 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from trainyard.app.cli.output import console, err, ride_out, shown
+from trainyard.app.cli.output import console, err, number, ride_out, shown, state_text
 from trainyard.app.client import TERMINAL, APIError, Client
 from trainyard.app.states import JobState
 from trainyard.app.text import escaped
-
-SWEEP_STATE_STYLE = {"succeeded": "green", "failed": "red", "cancelled": "yellow", "running": "cyan"}
-TRIAL_STATE_STYLE = {**SWEEP_STATE_STYLE, "pruned": "yellow", "queued": "dim"}
-
-
-def number(v) -> str:
-    """A metric or parameter value, short: 4 significant digits for floats, JSON for lists."""
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, (list, dict)):
-        return json.dumps(v, separators=(",", ":"))
-    return escaped(v)  # a choice's string: the client's
 
 
 def params_text(params: dict) -> str:
@@ -33,7 +18,7 @@ def params_text(params: dict) -> str:
 
 
 def trial_state(t: dict) -> str:
-    """A trial's state, or why it failed: a pruned trial is a failed job whose error class is "pruned"."""
+    """A trial's state, or why it failed (a pruned trial's job is `pruned`; before 0005, failed with class pruned)."""
     if t["state"] != JobState.FAILED or not t.get("failure"):
         return t["state"]
     return "pruned" if t["failure"] == "pruned" else f"failed ({t['failure']})"
@@ -50,7 +35,7 @@ def sweep_line(sweep: dict) -> Text:
     metric = f"{sweep['metric']} ({sweep.get('direction') or '?'})"
     made = f"{sweep.get('trial_count') or 0}/{sweep.get('max_trials') or '?'}"
     return Text.assemble(f"sweep {sweep['id']}", f" {escaped(sweep['name'])}" if sweep.get("name") else "", "  ",
-                         (sweep["state"], SWEEP_STATE_STYLE.get(sweep["state"], "")),
+                         state_text(sweep["state"]),
                          f"  {sweep['method']}  {made} trials", f" ({counts})" if counts else "",
                          f"  {metric}: best {number(best['value'])} (trial {best['trial']})" if best
                          else f"  {metric}: no best yet")
@@ -75,7 +60,7 @@ def trials_table(sweep: dict, trials: list[dict]) -> Table:
         is_best = t["trial"] == best if best is not None else bool(t.get("best"))
         params = t.get("params") or {}
         table.add_row(str(t["trial"]), str(t.get("job_id") or "-"),
-                      Text(state, TRIAL_STATE_STYLE.get(state.split(" ")[0], "")),
+                      state_text(state),
                       *[Text(number(params.get(k))) for k in names],  # Text: a value is never read as markup
                       number(t.get("value")), epoch_text(t), Text("*", "bold green") if is_best else "")
     return table

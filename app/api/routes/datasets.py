@@ -44,13 +44,16 @@ def make_router(settings: Settings) -> APIRouter:
     router = APIRouter(prefix="/datasets", tags=["datasets"])
     router.add_api_route(
         "", upload_dataset, methods=["POST"], status_code=201, response_model=DatasetPublic,
-        max_body_size=settings.max_upload_bytes + FORM_OVERHEAD_BYTES, form_limits={"max_files": 1, "max_fields": 4},
+        operation_id="upload_dataset", max_body_size=settings.max_upload_bytes + FORM_OVERHEAD_BYTES,
+        form_limits={"max_files": 1, "max_fields": 4},
         responses=responses(too_large="the file (or what it unpacks to) is over a limit or the quota"))
-    router.add_api_route("", list_datasets, methods=["GET"], response_model=DatasetsPublic)
+    router.add_api_route("", list_datasets, methods=["GET"], response_model=DatasetsPublic,
+                         operation_id="list_datasets")
     missing = responses(not_found="no such dataset")
-    router.add_api_route("/{dataset_id}", get_dataset, methods=["GET"], response_model=DatasetPublic, responses=missing)
+    router.add_api_route("/{dataset_id}", get_dataset, methods=["GET"], response_model=DatasetPublic, responses=missing,
+                         operation_id="get_dataset")
     router.add_api_route("/{dataset_id}", delete_dataset, methods=["DELETE"], status_code=204,
-                         response_class=Response, responses=missing)
+                         response_class=Response, responses=missing, operation_id="delete_dataset")
     return router
 
 

@@ -1,26 +1,31 @@
-"""Routes for jobs: submit, list, read, cancel, retry, metrics, events, artifact, result, logs."""
+"""Routes for jobs: submit, list, read, cancel, retry, metrics, artifact, result, logs (events: routes/events.py)."""
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
-from dataclasses import replace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import pydantic_core
-from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
-from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from trainyard.app import admission, exports, job_reads, job_summaries, queue, storage, submit
 from trainyard.app.api.deps import EngineDep, ReaderDep, SettingsDep
-from trainyard.app.api.schemas import HEAVY, NOT_FOUND, JobPublic, JobsPublic, MetricPublic, job_fields, responses
+from trainyard.app.api.schemas import (
+    HEAVY,
+    NOT_FOUND,
+    JobPublic,
+    JobResult,
+    JobsPublic,
+    MetricPublic,
+    job_fields,
+    responses,
+)
 from trainyard.app.errors import Conflict, Gone, NotFound
 from trainyard.app.layout import ARTIFACT_FILES, EXPORT_FILES, RESULT_FILE
-from trainyard.app.records import Job
 from trainyard.app.spec import JOB_KINDS, MAX_ID, PREDICT_DATA_EXAMPLE, PREDICT_INPUTS_EXAMPLE, TRAIN_EXAMPLE, JobSpec
-from trainyard.app.states import TERMINAL, JobState
+from trainyard.app.states import JobState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 # Bounded so that no id reaches the database as an integer it cannot store.
@@ -40,7 +45,7 @@ EXAMPLES = {
 }
 
 
-@router.post("", status_code=201, response_model=JobPublic,
+@router.post("", status_code=201, response_model=JobPublic, operation_id="submit_job",
              responses={200: {"model": JobPublic, "description": "the same Idempotency-Key and body: the job it made"},
                         **responses(conflict="the Idempotency-Key was used with another body")})
 async def submit_job(spec: Annotated[JobSpec, Body(openapi_examples=EXAMPLES)], engine: EngineDep,
@@ -55,7 +60,7 @@ def _submit(engine, settings, spec, idempotency_key):
     return submit.enqueue(engine, spec, idempotency_key, admitted.parameters, admitted.needs)
 
 
-@router.get("", response_model=JobsPublic)
+@router.get("", response_model=JobsPublic, operation_id="list_jobs")
 async def list_jobs(settings: SettingsDep, reader: ReaderDep,
                     state: Annotated[JobState | None, Query()] = None,
                     kind: Annotated[Literal[JOB_KINDS] | None, Query()] = None,  # type: ignore[valid-type]
@@ -86,7 +91,7 @@ async def list_jobs(settings: SettingsDep, reader: ReaderDep,
                     "next_offset": after if after < count else None})
 
 
-@router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND)
+@router.get("/{job_id}", response_model=JobPublic, responses=NOT_FOUND, operation_id="get_job")
 async def get_job(job_id: JobId, request: Request) -> Response:
     # The app's state read here, not through dependencies: solving them was a tenth of this route's cost.
     settings, reader = request.app.state.settings, request.app.state.reader
@@ -105,19 +110,19 @@ def as_json(values: dict | list, status_code: int = 200, headers: dict[str, str]
                     headers=headers)
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic,
+@router.post("/{job_id}/cancel", response_model=JobPublic, operation_id="cancel_job",
              responses={**NOT_FOUND, **responses(conflict="the job has ended already")})
-def cancel_job(job_id: JobId, engine: EngineDep) -> JobPublic:
-    return JobPublic.from_job(queue.cancel(engine, job_id))
+def cancel_job(job_id: JobId, engine: EngineDep) -> Response:
+    return as_json(job_fields(queue.cancel(engine, job_id), None))  # as GET /jobs/{id} shows it
 
 
-@router.post("/{job_id}/retry", response_model=JobPublic,
-             responses={**NOT_FOUND, **responses(conflict="only failed or cancelled jobs can be retried")})
-def retry_job(job_id: JobId, engine: EngineDep) -> JobPublic:
-    return JobPublic.from_job(queue.retry(engine, job_id))
+@router.post("/{job_id}/retry", response_model=JobPublic, operation_id="retry_job",
+             responses={**NOT_FOUND, **responses(conflict="only failed, cancelled or pruned jobs can be retried")})
+def retry_job(job_id: JobId, engine: EngineDep) -> Response:
+    return as_json(job_fields(queue.retry(engine, job_id), None))
 
 
-@router.get("/{job_id}/metrics", response_model=list[MetricPublic],
+@router.get("/{job_id}/metrics", response_model=list[MetricPublic], operation_id="job_metrics",
             responses={200: {"headers": {NEXT_SINCE: {"description": "more records follow: ask again with since=it",
                                                       "schema": {"type": "integer"}}}}, **NOT_FOUND})
 def job_metrics(job_id: JobId, engine: EngineDep, settings: SettingsDep,
@@ -131,68 +136,7 @@ def job_metrics(job_id: JobId, engine: EngineDep, settings: SettingsDep,
     return as_json(records, headers={NEXT_SINCE: str(records[-1]["epoch"])} if more and records else None)
 
 
-async def existing_job(job_id: JobId, engine: EngineDep) -> Job:
-    """The job, or 404 before a stream starts."""
-    return await run_in_threadpool(job_reads.get_job, engine, job_id)
-
-
-async def stream_slot(job_id: JobId, request: Request) -> AsyncIterator[None]:
-    """A slot for the job's event stream: 503 past the caps on open streams (app/api/streams.py)."""
-    with request.app.state.streams.hold(f"job {job_id}"):
-        yield
-
-
-@router.get("/{job_id}/events", response_class=EventSourceResponse, dependencies=[Depends(stream_slot)],
-            responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"},
-                       **NOT_FOUND, 503: {"description": "too many event streams open (on this job, or on this "
-                                                         "server process)"}})
-async def job_events(job: Annotated[Job, Depends(existing_job)], engine: EngineDep, request: Request,
-                     last_event_id: Annotated[str | None, Header(max_length=64)] = None,
-                     ) -> AsyncIterator[ServerSentEvent]:
-    """Server-Sent Events: `state` on every change of state or run, `epoch` for each epoch's metrics,
-    then `end` when the job ends. Each event's id is `<run>.<epoch>`: a client that reconnects with
-    `Last-Event-ID` gets the current state and the epochs it has not seen (all of a run's epochs after
-    its checkpoint when the job was resumed since); without it, all the job's epochs."""
-    sent_state, last_epoch = None, _seen_epoch(last_event_id, job)
-    while not await request.is_disconnected():
-        job = await run_in_threadpool(job_reads.get_job, engine, job.id)
-        if (job.state, job.claim) != sent_state:
-            if sent_state is not None and job.claim != sent_state[1] and job.state != JobState.RUNNING:
-                # The run started and ended between two polls: still tell the client it ran.
-                yield _event("state", JobPublic.from_job(replace(job, state=JobState.RUNNING)), job, last_epoch)
-            if job.state == JobState.RUNNING and sent_state is not None:
-                # A resumed run re-runs the epochs after its checkpoint: send them again.
-                last_epoch = min(last_epoch, job.checkpoint_epoch or 0)
-            sent_state = (job.state, job.claim)
-            yield _event("state", JobPublic.from_job(job), job, last_epoch)
-        more = True
-        while more:  # a page at a time: a job that reported megabytes an epoch is never read whole
-            page, more = await run_in_threadpool(job_reads.metrics_page, engine, job.id, last_epoch, MAX_METRICS_PAGE,
-                                                 request.app.state.settings.max_list_bytes)
-            for m in page:
-                last_epoch = m["epoch"]
-                yield _event("epoch", m, job, last_epoch)
-        if job.state in TERMINAL:
-            yield _event("end", {"id": job.id, "state": job.state}, job, last_epoch)
-            return
-        await asyncio.sleep(EVENTS_POLL_S)
-
-
-def _seen_epoch(last_event_id: str | None, job: Job) -> int:
-    """The last epoch a reconnecting client saw, as far as it still holds."""
-    run, _, epoch = (last_event_id or "").partition(".")
-    if not (run.isdigit() and epoch.isdigit()):
-        return 0
-    if int(run) == job.claim:
-        return int(epoch)
-    return min(int(epoch), job.checkpoint_epoch or 0)  # a later run re-ran the epochs after its checkpoint
-
-
-def _event(name: str, data, job: Job, epoch: int) -> ServerSentEvent:
-    return ServerSentEvent(event=name, data=data, id=f"{job.claim}.{epoch}")
-
-
-@router.get("/{job_id}/result", response_model=dict[str, Any],
+@router.get("/{job_id}/result", response_model=JobResult, operation_id="job_result",
             responses={**NOT_FOUND, **responses(conflict="the job has not succeeded", gone="its file is gone")})
 def job_result(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> Response:
     """The whole result. A prediction's rows and an evaluation's confusion matrix live in a file beside
@@ -208,7 +152,7 @@ def job_result(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> Respo
     return JSONResponse(job.result)
 
 
-@router.get("/{job_id}/artifact", response_class=FileResponse,
+@router.get("/{job_id}/artifact", response_class=FileResponse, operation_id="job_artifact",
             responses={200: {"content": {"application/octet-stream": {}},
                              "description": "the trained state_dict (safetensors, pt), its meta.json, or the model "
                                             "exported with its input normalisation built in (onnx, pt2, torchscript)"},
@@ -264,7 +208,7 @@ LOG_SIZE, LOG_START = "X-Log-Size", "X-Log-Start"
 MAX_LOG_BYTE = 1 << 50
 
 
-@router.get("/{job_id}/logs", response_class=PlainTextResponse,
+@router.get("/{job_id}/logs", response_class=PlainTextResponse, operation_id="job_logs",
             responses={200: {"headers": {
                 LOG_SIZE: {"description": "the log's size in bytes when read", "schema": {"type": "integer"}},
                 LOG_START: {"description": "the byte of the log this answer starts at",

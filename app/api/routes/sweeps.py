@@ -1,16 +1,15 @@
-"""Routes for sweeps: submit, list, read, trials, curves, events, cancel."""
-from collections.abc import AsyncIterator
+"""Routes for sweeps: submit, list, read, trials, curves, cancel (events: routes/events.py)."""
 from typing import Annotated, cast
 
-from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
-from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from trainyard.app import sweep_reads, sweep_store
 from trainyard.app.api.deps import EngineDep, SettingsDep
 from trainyard.app.api.routes.jobs import as_json
 from trainyard.app.api.schemas import SweepPublic, SweepsPublic, TrialPublic, responses, sweep_fields
+from trainyard.app.api.schemas_service import CurvesPublic
 from trainyard.app.errors import Conflict
 from trainyard.app.records import Sweep
 from trainyard.app.spec import MAX_ID, TRAIN_EXAMPLE, SweepSpec
@@ -45,7 +44,7 @@ def watched(engine, sweep_id: int) -> dict:
     return _fields(engine, sweep_reads.get_summary(engine, sweep_id))
 
 
-@router.post("", status_code=201, response_model=SweepPublic,
+@router.post("", status_code=201, response_model=SweepPublic, operation_id="submit_sweep",
              responses=responses(conflict="as many sweeps as the server allows are running"))
 async def submit_sweep(spec: Annotated[SweepSpec, Body(openapi_examples={"tpe": {"summary": "TPE over lr and "
                                                                          "hidden sizes, median pruning",
@@ -66,7 +65,7 @@ async def submit_sweep(spec: Annotated[SweepSpec, Body(openapi_examples={"tpe": 
     return as_json(sweep_fields(made.as_dict(), []), 201)
 
 
-@router.get("", response_model=SweepsPublic)
+@router.get("", response_model=SweepsPublic, operation_id="list_sweeps")
 def list_sweeps(engine: EngineDep, state: Annotated[str | None, Query(pattern=f"^({'|'.join(SWEEP_STATES)})$")]
                 = None, limit: Annotated[int, Query(ge=1, le=500)] = 50,
                 offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> Response:
@@ -77,18 +76,19 @@ def list_sweeps(engine: EngineDep, state: Annotated[str | None, Query(pattern=f"
                     "limit": limit, "offset": offset})
 
 
-@router.get("/{sweep_id}", response_model=SweepPublic, responses=NOT_FOUND)
+@router.get("/{sweep_id}", response_model=SweepPublic, responses=NOT_FOUND, operation_id="get_sweep")
 def get_sweep(sweep_id: SweepId, engine: EngineDep) -> Response:
     """State, counts by state, the best trial so far, and every trial's values and metric."""
     return as_json(_sweep(engine, sweep_id))
 
 
-@router.get("/{sweep_id}/trials", response_model=list[TrialPublic], responses=NOT_FOUND)
+@router.get("/{sweep_id}/trials", response_model=list[TrialPublic], responses=NOT_FOUND,
+            operation_id="sweep_trials")
 def sweep_trials(sweep_id: SweepId, engine: EngineDep) -> Response:
     return as_json(_sweep(engine, sweep_id)["trials"])
 
 
-@router.get("/{sweep_id}/curves", responses=NOT_FOUND)
+@router.get("/{sweep_id}/curves", response_model=CurvesPublic, responses=NOT_FOUND, operation_id="sweep_curves")
 def sweep_curves(sweep_id: SweepId, engine: EngineDep,
                  since: Annotated[int, Query(ge=0, le=2**62, description="the `next` of the page before; 0: from the "
                                              "start")] = 0,
@@ -101,27 +101,9 @@ def sweep_curves(sweep_id: SweepId, engine: EngineDep,
     return as_json(curves(engine, sweep_id, since, limit))
 
 
-@router.post("/{sweep_id}/cancel", response_model=SweepPublic,
+@router.post("/{sweep_id}/cancel", response_model=SweepPublic, operation_id="cancel_sweep",
              responses={**NOT_FOUND, **responses(conflict="the sweep has ended")})
 def cancel_sweep(sweep_id: SweepId, engine: EngineDep) -> Response:
     """End the sweep and cancel its queued and running trials (stopped within 2 s); finished trials stay."""
     sweep_store.cancel(engine, sweep_id)
     return as_json(_sweep(engine, sweep_id))
-
-
-async def stream_slot(sweep_id: SweepId, engine: EngineDep, request: Request) -> AsyncIterator[None]:
-    """The sweep (404 before a stream starts) and a slot for its stream (503 when the caps are reached)."""
-    await run_in_threadpool(sweep_reads.get_summary, engine, sweep_id)
-    with request.app.state.streams.hold(f"sweep {sweep_id}"):
-        yield
-
-
-@router.get("/{sweep_id}/events", response_class=EventSourceResponse, dependencies=[Depends(stream_slot)],
-            responses={200: {"content": {"text/event-stream": {}}, "description": "Server-Sent Events"}, **NOT_FOUND,
-                       503: {"description": "too many event streams open (on this sweep, or on this server process)"}})
-async def sweep_events(sweep_id: SweepId, request: Request) -> AsyncIterator[ServerSentEvent]:
-    """Server-Sent Events: `sweep` (the sweep without its spec and trials) whenever it changes, `trial` whenever
-    a trial's state, epoch or metric changes, then `end` when the sweep ends. The stream starts with every trial
-    as it stands. One read of the sweep per poll serves all of its streams (app/api/streams.py)."""
-    async for event in request.app.state.sweep_hub.events(sweep_id):
-        yield event

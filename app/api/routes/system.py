@@ -7,20 +7,22 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from trainyard.app import admission, devices_payload, job_reads, metrics, spec
 from trainyard.app import workers as workers_registry
 from trainyard.app.api.deps import EngineDep, SettingsDep
+from trainyard.app.api.routes.jobs import as_json
 from trainyard.app.api.schemas import WorkerPublic, responses, ts
+from trainyard.app.api.schemas_service import CatalogPublic, DevicesPublic, Health
 
 router = APIRouter(tags=["system"])
 health_router = APIRouter(tags=["system"])
 
 
-@router.get("/devices")
-async def get_devices(engine: EngineDep, settings: SettingsDep) -> dict:
+@router.get("/devices", response_model=DevicesPublic, operation_id="list_devices")
+async def get_devices(engine: EngineDep, settings: SettingsDep) -> Response:
     """CUDA devices (from NVML, never a CUDA context in this process), their workers' torch allocator
     stats (from heartbeats), and the CPU."""
-    return await run_in_threadpool(devices_payload.snapshot, engine, settings.lease_s, settings.node)
+    return as_json(await run_in_threadpool(devices_payload.snapshot, engine, settings.lease_s, settings.node))
 
 
-@router.get("/metrics", response_class=Response,
+@router.get("/metrics", response_class=Response, operation_id="prometheus_metrics",
             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}})
 def get_metrics(request: Request) -> Response:
     """Prometheus metrics (names prefixed trainyard_): jobs by state and kind, queue depth, job
@@ -28,14 +30,14 @@ def get_metrics(request: Request) -> Response:
     return Response(metrics.render(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/catalog")
-def get_catalog(engine: EngineDep, settings: SettingsDep) -> dict:
+@router.get("/catalog", response_model=CatalogPublic, operation_id="catalog")
+def get_catalog(engine: EngineDep, settings: SettingsDep) -> Response:
     """The architectures, datasets and job fields a client may submit, with their limits, and the plugins
     installed on this server or on the live workers."""
-    return spec.catalog(admission.plugin_catalog(engine, settings))
+    return as_json(spec.catalog(admission.plugin_catalog(engine, settings)))
 
 
-@router.get("/workers", response_model=list[WorkerPublic])
+@router.get("/workers", response_model=list[WorkerPublic], operation_id="list_workers")
 def get_workers(engine: EngineDep, settings: SettingsDep, include_stopped: bool = False) -> list[WorkerPublic]:
     workers, now = workers_registry.list_workers(engine, include_stopped=include_stopped)
     return [_public(w, now, settings.lease_s) for w in workers]
@@ -45,13 +47,15 @@ WorkerId = Path(max_length=200, description="a worker's id, as GET /workers list
 WORKER_ERRORS = responses(not_found="no such worker", conflict="the worker has stopped")
 
 
-@router.post("/workers/{worker_id}/drain", response_model=WorkerPublic, responses=WORKER_ERRORS)
+@router.post("/workers/{worker_id}/drain", response_model=WorkerPublic, responses=WORKER_ERRORS,
+             operation_id="drain_worker")
 def drain_worker(engine: EngineDep, settings: SettingsDep, worker_id: str = WorkerId) -> WorkerPublic:
     """The worker finishes the job it runs (if any) and claims nothing more until undrained."""
     return _set_draining(engine, settings, worker_id, True)
 
 
-@router.post("/workers/{worker_id}/undrain", response_model=WorkerPublic, responses=WORKER_ERRORS)
+@router.post("/workers/{worker_id}/undrain", response_model=WorkerPublic, responses=WORKER_ERRORS,
+             operation_id="undrain_worker")
 def undrain_worker(engine: EngineDep, settings: SettingsDep, worker_id: str = WorkerId) -> WorkerPublic:
     """The worker claims jobs again."""
     return _set_draining(engine, settings, worker_id, False)
@@ -72,9 +76,9 @@ def _public(w: dict, now: float, lease_s: float) -> WorkerPublic:
                         unavailable=(w["stats"] or {}).get("unavailable"))
 
 
-@health_router.get("/healthz")
-def healthz(engine: EngineDep) -> dict:
+@health_router.get("/healthz", response_model=Health, operation_id="healthz")
+def healthz(engine: EngineDep) -> Health:
     """The server answers and its database does (one trivial query: a health check must stay cheap
     whatever the jobs hold)."""
     job_reads.ping(engine)
-    return {"status": "ok"}
+    return Health(status="ok")

@@ -3,9 +3,10 @@
 (() => {
   const POLL_MS = 1000;
   const TOKEN_KEY = "trainyard.token";
-  const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+  const TERMINAL = new Set(["succeeded", "failed", "cancelled", "pruned"]);
   const CANCELLABLE = new Set(["queued", "running"]);
-  const RETRYABLE = new Set(["failed", "cancelled"]);
+  // A pruned trial's retry runs it to its end (from its last checkpoint), outside its sweep's search.
+  const RETRYABLE = new Set(["failed", "cancelled", "pruned"]);
   const SVG = "http://www.w3.org/2000/svg";
 
   // ---- small helpers -------------------------------------------------------------------------
@@ -298,6 +299,12 @@
     const showCancel = CANCELLABLE.has(state), showRetry = RETRYABLE.has(state);
     if (cancel.hidden === showCancel) cancel.hidden = !showCancel;
     if (retry.hidden === showRetry) retry.hidden = !showRetry;
+    const label = state === "pruned" ? "Run to end" : "Retry";
+    if (retry.textContent !== label) {
+      retry.textContent = label;
+      setAttr(retry, "aria-label", `${label} job ${retry.dataset.job}`);
+      setAttr(retry, "title", state === "pruned" ? "run this pruned trial to its last epoch, outside its sweep" : "");
+    }
   }
 
   document.addEventListener("click", async (ev) => {
@@ -673,6 +680,7 @@
 
     const errPanel = $("job-error-panel");
     errPanel.hidden = !job.error;
+    setText($("error-title"), job.state === "pruned" ? "Pruned" : "Error");
     if (job.error) {
       const { message, ...rest } = job.error;
       facts($("job-error"), [["message", message], ...Object.entries(rest).map(([k, v]) => [k, valueText(v)])]);
@@ -796,7 +804,7 @@
     curves: null, curvesSince: 0,
   };
 
-  /** A pruned trial is a failed job whose error class is "pruned": shown as its own state. */
+  /** A trial's state: a pruned one's job is `pruned` (one pruned before that state existed: failed, class "pruned"). */
   const trialState = (t) => (t.failure === "pruned" ? "pruned" : t.state);
   const isBest = (t, sweep) => Boolean(t.best || (sweep.best && sweep.best.trial === t.trial));
 
@@ -902,8 +910,10 @@
     if (curves) {
       sweepView.curvesKey = curves.more ? null : curvesKey; // points left: read on at the next refresh
       const total = Math.max(0, ...trials.map((t) => t.epochs).filter(isNum)) || null;
-      $("curves-chart-box").replaceChildren(curvesChart(curves, total, sweep.metric,
-        TERMINAL.has(sweep.state) ? "no epochs recorded" : "no epochs yet"));
+      const chart = curvesChart(curves, total, sweep.metric, TERMINAL.has(sweep.state) ? "no epochs recorded" : "no epochs yet");
+      const note = chart.getAttribute("data-clip-note");
+      $("curves-chart-box").replaceChildren(chart,
+        ...(note ? [el("p", { class: "muted chart-note", "data-testid": "curves-clip-note", text: note })] : []));
     }
     const specKey = JSON.stringify(spec);
     if (specKey !== sweepView.specKey) {
@@ -1112,20 +1122,47 @@
     });
   }
 
-  function lineChart({ testid, title, series, totalEpochs, yFixed, yFormat, empty, legend }) {
+  /** The nearest-rank q-quantile of sorted values. */
+  const quantile = (sorted, q) => sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))];
+
+  /** A y range for the bulk of the values, or null when none lies far outside it: values more than the span of
+   * the middle 90% (5th to 95th percentile) beyond it are left off the axis, so that one trial's spike does not
+   * press every other curve flat. */
+  function bulkRange(values) {
+    if (values.length < 20) return null;
+    const sorted = [...values].sort((a, b) => a - b);
+    const lo = quantile(sorted, 0.05), hi = quantile(sorted, 0.95), span = hi - lo;
+    const min = sorted[0], max = sorted[sorted.length - 1];
+    if (!(span > 0) || (max <= hi + span && min >= lo - span)) return null;
+    const range = niceRange([min < lo - span ? lo - span * 0.15 : min, max > hi + span ? hi + span * 0.15 : max]);
+    return range[0] <= min && range[1] >= max ? null : range;
+  }
+
+  function lineChart({ testid, title, series, totalEpochs, yFixed, yFormat, empty, legend, bulk }) {
     const W = 640, H = 260, L = 56, R = 16, T = 30, B = 36;
     const all = series.flatMap((s) => s.points);
     const epochs = new Set(all.map((p) => p[0]));
     const maxEpoch = Math.max(1, totalEpochs || 0, ...all.map((p) => p[0]));
-    const [ymin, ymax] = yFixed || niceRange(all.map((p) => p[1]));
+    const clip = !yFixed && bulk ? bulkRange(all.map((p) => p[1])) : null;
+    const [ymin, ymax] = yFixed || clip || niceRange(all.map((p) => p[1]));
     const x = (e) => L + (maxEpoch === 1 ? (W - L - R) / 2 : ((e - 1) / (maxEpoch - 1)) * (W - L - R));
-    const y = (v) => T + (1 - (v - ymin) / (ymax - ymin)) * (H - T - B);
+    // A value off a clipped axis is drawn on its edge.
+    const y = (v) => T + (1 - (Math.min(ymax, Math.max(ymin, v)) - ymin) / (ymax - ymin)) * (H - T - B);
 
     const counts = series.map((s) => `${s.label} ${s.points.length}`).join(", ");
     const root = svg("svg", {
       viewBox: `0 0 ${W} ${H}`, class: "chart", role: "img", "data-testid": testid,
       "data-points": epochs.size, "aria-label": `${title}: ${counts} epochs plotted`,
+      "data-ymin": ymin, "data-ymax": ymax, "data-clipped": clip ? "true" : "false",
     });
+    if (clip) {
+      const off = all.filter((p) => p[1] > ymax || p[1] < ymin).map((p) => p[1]);
+      const past = (v) => (v > ymax ? v - ymax : ymin - v);
+      const far = off.reduce((a, v) => (past(v) > past(a) ? v : a), off[0]);
+      root.setAttribute("data-clip-note", `The y axis follows the bulk of the curves (${yFormat(ymin, true)} to ` +
+        `${yFormat(ymax, true)}): ${off.length} point${off.length === 1 ? "" : "s"} beyond it (as far as ` +
+        `${yFormat(far, true)}) drawn on its edge.`);
+    }
     const grid = svg("g", { class: "grid" });
     yGrid(grid, ymin, ymax, y, L, R, W, yFormat);
     const xt = ticks(1, maxEpoch, Math.min(8, maxEpoch - 1 || 1)).filter((e) => Number.isInteger(e) && e >= 1);
@@ -1153,7 +1190,8 @@
       }
       if (s.points.length <= 80) {
         for (const [e, v] of s.points) {
-          g.append(svg("circle", { cx: x(e).toFixed(1), cy: y(v).toFixed(1), r: 3 },
+          g.append(svg("circle", { cx: x(e).toFixed(1), cy: y(v).toFixed(1), r: 3,
+                                   ...(v > ymax || v < ymin ? { class: "clipped" } : {}) },
             svg("title", { text: `epoch ${e}: ${s.label} ${yFormat(v, true)}` })));
         }
       }
@@ -1238,7 +1276,7 @@
     ];
     return lineChart({
       testid: "curves-chart", title: `${curves.metric || metric} per epoch, every trial`, totalEpochs, empty,
-      series, legend: trials.length ? legend : [],
+      series, legend: trials.length ? legend : [], bulk: true,
       yFormat: (v, precise) => (precise ? fmtValue(v) : Number(v.toPrecision(3)).toString()),
     });
   }

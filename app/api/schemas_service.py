@@ -1,0 +1,120 @@
+"""Wire types of the answers about the service and its reads that are built as plain values (GET /devices,
+/catalog, /healthz, /sweeps/{id}/curves): the routes serialise the values themselves, these models document
+them, so that a generated client gets typed objects (tests/test_openapi.py checks the real answers against
+them). Open objects (extra="allow") where an answer carries more than is listed: a plugin's own fields, an
+NVML reading's, a dataset's description."""
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainyard.app.states import JobState
+
+OPEN = ConfigDict(extra="allow")
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class DeviceWorker(BaseModel):
+    """A worker as /devices shows it, under its device."""
+    id: str
+    host: str
+    pid: int
+    device: str
+    state: str = Field(description="idle, busy, unavailable, stopping, stopped or lost (as GET /workers)")
+    job_id: int | None = None
+    torch: dict[str, Any] | None = Field(None, description="its last reported torch allocator stats")
+    last_heartbeat_age_s: float
+    draining: bool = False
+    unavailable: str | None = None
+
+
+class Gpu(BaseModel):
+    """A GPU, keyed by its UUID across hosts; NVML's reading (null where it could not be read)."""
+    model_config = OPEN
+    name: str | None = None
+    uuid: str | None = None
+    compute_capability: str | None = None
+    memory_total: int | None = None
+    memory_used: int | None = None
+    memory_free: int | None = None
+    utilization_gpu: int | None = None
+    mig_parent: str | None = Field(None, description="a MIG instance: its card's UUID")
+    problem: str | None = Field(None, description="why CUDA cannot use it, when it cannot")
+    index: int | None = Field(None, description="its cuda:N on its host; null when hidden from CUDA")
+    host: str
+    workers: list[DeviceWorker] = []
+
+
+class Cpu(BaseModel):
+    model_config = OPEN
+    cores: int | None = None
+    memory_total: int | None = None
+    memory_available: int | None = None
+    workers: list[DeviceWorker] = []
+
+
+class DeviceHost(BaseModel):
+    host: str
+    driver_version: str | None = None
+    cpu: Cpu
+    cuda_devices: list[Gpu]
+    other_workers: list[DeviceWorker]
+
+
+class DevicesPublic(BaseModel):
+    cuda_available: bool
+    driver_version: str | None = None
+    torch_version: str | None = None
+    cuda_version: str | None = None
+    cudnn_version: str | None = None
+    hosts: list[DeviceHost] = Field(description="every host, this server's first")
+    cuda_devices: list[Gpu] = Field(description="every GPU of every host")
+    cpu: Cpu = Field(description="this server's CPU, with every CPU worker")
+    other_workers: list[DeviceWorker] = Field(description="GPU workers on no listed GPU (unavailable ones, say)")
+
+
+class CatalogArch(BaseModel):
+    name: str
+    params: list[str]
+    inputs: str
+    source: str | None = None
+
+
+class CatalogDataset(BaseModel):
+    model_config = OPEN
+    name: str
+
+
+class CatalogPlugin(BaseModel):
+    model_config = OPEN
+    kind: str
+    name: str
+    installed_on: list[str] = Field(description='"this server", or workers\' ids')
+
+
+class CatalogPublic(BaseModel):
+    architectures: list[CatalogArch]
+    datasets: list[CatalogDataset]
+    activations: list[str]
+    devices: list[str]
+    plugins: list[CatalogPlugin]
+    schemas: dict[str, dict[str, Any]] = Field(description="each job kind's JSON schema")
+
+
+class CurveTrial(BaseModel):
+    trial: int
+    job_id: int
+    state: JobState
+    failure: str | None
+    best: bool
+    points: list[list[float]] = Field(description="[epoch, value] pairs, in the order recorded")
+
+
+class CurvesPublic(BaseModel):
+    metric: str
+    direction: Literal["minimize", "maximize"]
+    next: int = Field(description="the `since` of the next page (and of the points recorded later)")
+    more: bool = Field(description="points were left for the next page")
+    trials: list[CurveTrial]
