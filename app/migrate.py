@@ -5,9 +5,11 @@ is shared by hosts that may run different releases during a rollout, so it is up
 request: a server or worker that finds it behind refuses to start and names the command (an
 empty database is simply created). Every upgrade runs in one transaction that holds the database's
 write lock (SQLite) or an advisory lock (PostgreSQL): processes starting together upgrade it once.
+A database made before migrations is first brought to the baseline (app/migrate_releases.py).
 """
 import logging
 from pathlib import Path
+from types import ModuleType
 
 from alembic import command
 from alembic.config import Config
@@ -17,16 +19,14 @@ from sqlalchemy import func, inspect, select
 from sqlalchemy.engine import Connection, Engine
 
 from trainyard.app.db import write
+from trainyard.app.migrate_releases import SchemaBehind, to_baseline
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 BASELINE = "0001"  # the schema `create_all` made before migrations (app/migrations/versions/0001_baseline.py)
 UPGRADE_COMMAND = "trainyard db upgrade"
 # Alembic says at INFO which revisions it runs on every start of every process; say it ourselves, once.
 logging.getLogger("alembic").setLevel(logging.WARNING)
-
-
-class SchemaBehind(RuntimeError):
-    """The database's schema is older than this release's, and this process may not upgrade it."""
+log = logging.getLogger("trainyard.migrate")
 
 
 def head() -> str:
@@ -50,7 +50,12 @@ def upgrade(engine: Engine, to: str = "head") -> tuple[str | None, str]:
             conn.execute(select(func.pg_advisory_xact_lock(func.hashtext("trainyard-schema"))))
         before = _revision(conn)
         if before is not None and MigrationContext.configure(conn).get_current_revision() is None:
-            _run(conn, "stamp", BASELINE)  # made by create_all before migrations: it is the baseline
+            # Made by create_all before migrations: what that release's tables lack of the baseline is
+            # added first (or the database refused), then it is the baseline.
+            added = to_baseline(conn, _baseline_module())
+            if added:
+                log.warning("a database made before migrations: added %s", ", ".join(added))
+            _run(conn, "stamp", BASELINE)
         _run(conn, "upgrade", to)
     return before, head() if to == "head" else to
 
@@ -72,6 +77,13 @@ def _revision(conn: Connection) -> str | None:
     if version is None and inspect(conn).has_table("jobs"):
         return BASELINE
     return version
+
+
+def _baseline_module() -> ModuleType:
+    script = ScriptDirectory.from_config(_config()).get_revision(BASELINE)
+    if script is None:
+        raise RuntimeError(f"no baseline revision {BASELINE} in {MIGRATIONS}")
+    return script.module
 
 
 def _run(conn: Connection, what: str, revision: str) -> None:
