@@ -2,9 +2,10 @@
 
 The spec (app/spec/) checks a job on its own. Here it is checked against what exists: the
 dataset it names, the plugins it needs (installed here or on a live worker), the model job a
-prediction uses or a training starts from (init_from), and the limits that keep one small request
-from costing the service gigabytes (parameters of the model, values a prediction returns). The
-answer says what the job needs of the worker that will claim it.
+prediction uses or a training starts from (init_from), the jobs it waits for (after; a model job still
+queued or running is waited for too, and a batch's "$N" names its earlier jobs), and the limits that
+keep one small request from costing the service gigabytes (parameters of the model, values a
+prediction returns). The answer says what the job needs of the worker that will claim it.
 """
 import json
 import math
@@ -14,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 
-from trainyard.app import job_reads, model_size, placement, plugins, uploads
+from trainyard.app import dependencies, job_reads, model_size, placement, plugins, uploads
 from trainyard.app import workers as registry
 from trainyard.app.errors import Invalid, NotFound
 from trainyard.app.layout import ARTIFACT_FILES
@@ -70,11 +71,26 @@ def known_plugins(engine: Engine, settings: Settings) -> dict[str, dict[str, lis
 
 
 class Check:
-    """One submission's admission: the plugins it may name are read once."""
+    """One submission's admission: the plugins it may name are read once. waits: the job may wait for jobs
+    (a job's submit; a sweep's trials may not); batch: the batch's jobs before this one (it is at len(batch))."""
 
-    def __init__(self, engine: Engine, settings: Settings):
-        self.engine, self.settings = engine, settings
+    def __init__(self, engine: Engine, settings: Settings, waits: bool = False,
+                 batch: list[TrainJob | PredictJob | RunJob] | None = None):
+        self.engine, self.settings, self.waits, self.batch = engine, settings, waits, batch
         self._known: dict | None = None
+
+    def after(self, spec: TrainJob | PredictJob | RunJob) -> None:
+        """Each job in `after` exists (or is an earlier job of the batch) and may still succeed."""
+        for at, ref in ((("after", k), ref) for k, ref in enumerate(spec.after)):
+            if isinstance(ref, str):
+                dependencies.batch_position(ref, None if self.batch is None else len(self.batch), at)
+                continue
+            try:
+                job = job_reads.get_job(self.engine, ref)
+            except NotFound:
+                raise Invalid(f"after: job {ref} does not exist", loc=at) from None
+            if job.state in dependencies.NEVER:
+                raise Invalid(f"after: job {ref} is {job.state}; it will not succeed (retry it first)", loc=at)
 
     @property
     def known(self) -> dict[str, dict[str, list[str]]]:
@@ -121,12 +137,16 @@ class Check:
                               f"{self.settings.max_parameters:,} (TRAINYARD_MAX_PARAMETERS)", loc=("model",))
         if spec.init_from is not None:
             self.starting_point(spec, spec.init_from, shape[0] if shape else None)
+        self.after(spec)
         return admitted
 
-    def starting_point(self, spec: TrainJob, init_from: int, input_shape: tuple[int, ...] | None) -> None:
+    def starting_point(self, spec: TrainJob, init_from: int | str, input_shape: tuple[int, ...] | None) -> None:
         """init_from names a model of the same architecture, weight-shaping fields and input shape: only the
-        classifier head may differ (its number of classes), and the worker re-makes it."""
+        classifier head may differ (its number of classes), and the worker re-makes it. A run job still to
+        save its model is checked by the worker."""
         at, source = ("init_from",), self.model_of(init_from, "init_from")
+        if not source:
+            return
         if source["arch"] != spec.model.arch:
             raise Invalid(f"init_from job {spec.init_from} is a {source['arch']} model; this job's model is a "
                           f"{spec.model.arch} (fine-tuning keeps the architecture)", loc=at)
@@ -145,6 +165,7 @@ class Check:
     def run(self, spec: RunJob) -> Admitted:
         admitted = Admitted()
         self.plugin("entrypoints", spec.entrypoint, ("entrypoint",), (), admitted)
+        self.after(spec)
         return admitted
 
     def predict(self, spec: PredictJob) -> Admitted:
@@ -152,7 +173,8 @@ class Check:
         and its output (rows x probabilities per row) must stay within max_predict_values."""
         admitted = Admitted()
         model = self.model_of(spec.model_job)
-        if model.get("arch") not in ALL_ARCHS:
+        self.after(spec)
+        if model.get("arch") and model["arch"] not in ALL_ARCHS:
             self.plugin("models", model["arch"], ("model_job",), ALL_ARCHS, admitted)
         if spec.data is not None:
             self.dataset(DataSpec(dataset=spec.data.dataset, params=spec.data.params), ("data", "dataset"), admitted)
@@ -170,19 +192,32 @@ class Check:
                           f"(TRAINYARD_MAX_PREDICT_VALUES); send fewer rows or set top_k", loc=("inputs",))
         return admitted
 
-    def model_of(self, job_id: int, field: str = "model_job") -> dict:
+    def model_of(self, job_id: int | str, field: str = "model_job") -> dict:
         """What the model job named by `field` holds: arch, model (its ModelSpec fields), input_shape,
-        num_classes (from the job or its meta.json)."""
+        num_classes (from the job or its meta.json). Of a job yet to succeed (waited for), what its spec says:
+        a train job's arch and model; nothing of a run job's, or of a running sweep's best trial."""
         at = (field,)
+        if isinstance(job_id, str) and job_id.startswith("sweep:"):
+            best = dependencies.sweep_at_submit(self.engine, job_id, at, self.waits)
+            if best is None:  # the sweep runs: its trials' fields vary, so its best is checked by the worker
+                return {}
+            job_id = best
+        if isinstance(job_id, str):
+            n = dependencies.batch_position(job_id, None if self.batch is None else len(self.batch), at)
+            pending = (self.batch or [])[n]
+            return self._pending(pending.kind, pending.model_dump(mode="json"), job_id, at)
         try:
             job = job_reads.get_job(self.engine, job_id)
         except NotFound:
             raise Invalid(f"{field} {job_id} does not exist", loc=at) from None
+        if job.state != JobState.SUCCEEDED:
+            if not self.waits or job.state not in (JobState.QUEUED, JobState.RUNNING):
+                also = " or still be queued or running" if self.waits else ""
+                raise Invalid(f"{field} {job_id} is {job.state}; it must have succeeded{also}", loc=at)
+            return self._pending(job.kind, job.spec, job_id, at)
         if job.kind == "predict":
             raise Invalid(f"{field} {job_id} is a predict job, not a train job (or a run job that saved a model)",
                           loc=at)
-        if job.state != JobState.SUCCEEDED:
-            raise Invalid(f"{field} {job_id} is {job.state}; it must have succeeded", loc=at)
         if job.kind == "train":
             return {"arch": job.spec["model"]["arch"], "model": job.spec["model"], **(job.result or {})}
         key = f"{job.artifact_path or '.'}/{ARTIFACT_FILES['meta']}"
@@ -203,6 +238,12 @@ class Check:
         return {"arch": saved["model"]["arch"], "model": saved["model"], "input_shape": saved["input_shape"],
                 "num_classes": saved["num_classes"]}
 
+    @staticmethod
+    def _pending(kind: str, spec: dict, ref: int | str, at: tuple) -> dict:
+        if kind == "predict":
+            raise Invalid(f"{at[0]} {ref} is a predict job, not a train job (or a run job that saved a model)", loc=at)
+        return {"arch": spec["model"]["arch"], "model": spec["model"]} if kind == "train" else {}
+
 
 # What shapes a built-in model's weights besides its head, with the defaults worker/nets.py builds
 # (activation and dropout do not); a plugin's params may shape anything.
@@ -220,13 +261,26 @@ def _shaping(model: ModelSpec) -> dict:
 _WHAT = {"models": "architecture", "datasets": "dataset", "entrypoints": "entrypoint"}
 
 
-def admit(engine: Engine, settings: Settings, spec: TrainJob | PredictJob | RunJob) -> Admitted:
-    check = Check(engine, settings)
+def admit(engine: Engine, settings: Settings, spec: TrainJob | PredictJob | RunJob, waits: bool = False,
+          batch: list[TrainJob | PredictJob | RunJob] | None = None) -> Admitted:
+    """waits: the job may wait for jobs (its submit; not a sweep's); batch: the batch's jobs before it."""
+    check = Check(engine, settings, waits, batch)
     if isinstance(spec, TrainJob):
         return check.train(spec)
     if isinstance(spec, PredictJob):
         return check.predict(spec)
     return check.run(spec)
+
+
+def admit_batch(engine: Engine, settings: Settings, specs: list[TrainJob | PredictJob | RunJob]) -> list[Admitted]:
+    """Each job of a batch (POST /jobs/batch); a field at fault is named within the list ([1, "model_job"])."""
+    found = []
+    for i, spec in enumerate(specs):
+        try:
+            found.append(admit(engine, settings, spec, waits=True, batch=specs[:i]))
+        except Invalid as e:
+            raise Invalid(str(e), loc=(i, *(e.loc or ()))) from None
+    return found
 
 
 def why_waiting(engine: Engine, settings: Settings, found: list[Job]) -> dict[int, str | None]:
@@ -238,4 +292,6 @@ def why_waiting(engine: Engine, settings: Settings, found: list[Job]) -> dict[in
     listed, now = registry.list_workers(engine)
     live = [w for w in listed
             if registry.worker_state(w, now, settings.lease_s) in (*registry.LIVE, registry.UNAVAILABLE)]
-    return {j.id: placement.why_waiting(j, live) for j in queued}
+    unmet = dependencies.unmet(engine, [j.id for j in queued])
+    return {j.id: dependencies.waiting_for(unmet[j.id]) if j.id in unmet else placement.why_waiting(j, live)
+            for j in queued}

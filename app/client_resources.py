@@ -74,6 +74,11 @@ class Jobs(Runs[Job]):
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return self._one("POST", json=spec, headers=headers)
 
+    def submit_many(self, specs: builtins.list[dict[str, Any]]) -> builtins.list[Job]:
+        """Queue several jobs at once (all or none), in order: a pipeline. A job names an earlier one of the list
+        as "$N" (its position) in after, model_job or init_from, and waits for it to succeed."""
+        return [Job(j) for j in self._http.json("POST", f"{self.path}/batch", json=specs)]
+
     def list(self, state: str | None = None, kind: str | None = None, sweep: int | None = None,
              include: str | None = None, limit: int | None = None, offset: int | None = None) -> Page[Job]:
         """A page of jobs, newest first: only those in `state` (queued, running, ...), of `kind` (train, predict,
@@ -84,6 +89,18 @@ class Jobs(Runs[Job]):
     def retry(self, id: int) -> Job:
         """Queue a failed or cancelled job again."""
         return self._one("POST", f"/{id}/retry")
+
+    def delete(self, id: int) -> None:
+        """Delete an ended job, its metrics and its files; APIError 409 names what keeps it (queued or running,
+        pinned, named by a job that has not ended, the best trial of a running sweep)."""
+        self._http.request("DELETE", f"{self.path}/{id}")
+
+    def pin(self, id: int) -> Job:
+        """Keep the job from deletion (its model is in use elsewhere) until unpin."""
+        return self._one("POST", f"/{id}/pin")
+
+    def unpin(self, id: int) -> Job:
+        return self._one("POST", f"/{id}/unpin")
 
     def metrics(self, id: int, since: int = 0) -> builtins.list[dict[str, Any]]:
         """Every epoch record after `since`, oldest first, read a page at a time (the server bounds a page's bytes)."""
@@ -144,6 +161,11 @@ class Sweeps(Runs[Sweep]):
                 points.setdefault(t["trial"], {}).update(dict(t["points"]))
         return {**page, "trials": [{**t, "points": [[e, v] for e, v in sorted(points.get(t["trial"], {}).items())]}
                                    for t in page["trials"]]}
+
+    def delete(self, id: int, keep: str | None = None) -> None:
+        """Delete an ended sweep and its trials' jobs (rows and files), all or none; keep="best" keeps the best
+        trial's job (detached from the sweep). A running sweep, or a trial something keeps: APIError 409."""
+        self._http.request("DELETE", f"{self.path}/{id}", params=_given({"keep": keep}))
 
     def __call__(self, **filters: Any) -> Page[Sweep]:
         deprecated("Client.sweeps()", "client.sweeps.list()")

@@ -84,9 +84,29 @@ jobs = Table(
     # A sweep's trial: the sweep's id, and {"id", "trial", "params"} (its number and the values it tries).
     Column("sweep_id", Integer, index=True),
     Column("sweep", JSON),
+    # Kept from deletion (POST /jobs/{id}/pin): a model in use elsewhere. NULL reads as false (app/references.py).
+    Column("pinned", Boolean),
     Index("ix_jobs_claim_order", "state", "priority", "id"),
     # Idle workers ask often whether anything fits their device: answer without scanning the queue.
     Index("ix_jobs_queued_device", "state", "device_req"),
+    sqlite_autoincrement=True,  # a deleted job's id is never given to another (migration 0006)
+)
+
+# A job waits for these jobs to succeed before it may be claimed (`after`, and the job its model_job or
+# init_from names): app/dependencies.py. after_id has no foreign key: a deleted dependency's row must stay
+# visible here, so that its dependents fail for it.
+job_deps = Table(
+    "job_deps", metadata,
+    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("after_id", Integer, primary_key=True, index=True),
+)
+# A job whose model_job or init_from is "sweep:<id>:best" waits for that sweep to end; its best trial's id then
+# takes the reference's place (in the spec and as a job_deps row) and this row goes (app/dependencies.py).
+job_sweeps = Table(
+    "job_sweeps", metadata,
+    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("sweep_id", Integer, nullable=False, index=True),
+    Column("field", String(16), nullable=False),
 )
 
 metrics = Table(
@@ -135,6 +155,7 @@ sweeps = Table(
     # worker holds a job's lease: one driver at a time even when several hosts' servers run.
     Column("driver", String(200)),
     Column("driver_until", Float),
+    sqlite_autoincrement=True,
 )
 
 # The sweep's Optuna study, as the log of Optuna's JournalStorage (app/study.py): replaying it

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection, Engine
 
-from trainyard.app import placement
+from trainyard.app import dependencies, placement
 from trainyard.app import workers as registry
 from trainyard.app.db import jobs, read, sweeps
 from trainyard.app.records import Job
@@ -44,15 +44,17 @@ def _queue(conn: Connection, listed: list[dict], now: float,
            stale_after_s: float) -> dict[tuple[str, str], list[float]]:
     """(device asked for, why it waits) -> [queued jobs, the oldest one's seconds in the queue]."""
     since = func.min(func.coalesce(jobs.c.queued_at, jobs.c.created_at)).label("since")
-    groups = conn.execute(select(*_PLACED, func.count().label("n"), since).where(jobs.c.state == JobState.QUEUED)
-                          .group_by(*_PLACED)).all()
+    blocked = case((dependencies.ready(), False), else_=True).label("blocked")
+    groups = conn.execute(select(*_PLACED, blocked, func.count().label("n"), since)
+                          .where(jobs.c.state == JobState.QUEUED).group_by(*_PLACED, blocked)).all()
     # The workers a job may still get, as admission.why_waiting counts them (unavailable ones say why).
     live = [w for w in listed if registry.worker_state(w, now, stale_after_s)
             in (*registry.LIVE, registry.UNAVAILABLE)]
     out: dict[tuple[str, str], list[float]] = {}
     for group in groups:
-        job = Job.from_values({**group._mapping, "state": JobState.QUEUED})
-        found = placement.waiting(job, live)
+        job = Job.from_values({**{k: v for k, v in group._mapping.items() if k != "blocked"}, "state": JobState.QUEUED})
+        # Waiting on other jobs comes first: no worker can take it before they succeed, whatever the workers.
+        found = (placement.Waiting.DEPENDENCY, "") if group.blocked else placement.waiting(job, live)
         key = (job.device_req, (found[0] if found else placement.Waiting.TURN).value)
         depth, age = out.get(key, [0, 0.0])
         out[key] = [depth + group.n, max(age, now - group.since)]

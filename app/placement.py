@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import and_, exists, false, func, or_, select, true
 from sqlalchemy.engine import Connection
 
-from trainyard.app import device_names
+from trainyard.app import dependencies, device_names
 from trainyard.app.db import db_now, jobs, workers
 from trainyard.app.records import Job
 from trainyard.app.states import WORKER_UNAVAILABLE as UNAVAILABLE
@@ -44,7 +44,7 @@ class Slot:
 def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str | None, slot: Slot | None):
     """Queued jobs a worker could ever run: its device, its plugins (a job that needs a plugin waits for
     a worker that has it, rather than failing on one that does not), memory within its device's
-    budget. A draining worker can run none."""
+    budget; every job it waits for (after, its model's job) succeeded. A draining worker can run none."""
     have = plugins or {}
     needs = [or_(column.is_(None), column.in_(have.get(kind, [])))
              for kind, column in (("models", jobs.c.need_model), ("datasets", jobs.c.need_dataset),
@@ -57,6 +57,7 @@ def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str |
         needs.append(jobs.c.need_gpu_memory.is_(None))
     else:
         needs.append(or_(jobs.c.need_gpu_memory.is_(None), jobs.c.need_gpu_memory + slot.headroom <= slot.budget))
+    needs.append(dependencies.ready())
     return and_(jobs.c.state == QUEUED, jobs.c.device_req.in_(device_names.accepted_by(device)), *needs)
 
 
@@ -161,6 +162,7 @@ class Waiting(StrEnum):
     DEVICES = "devices"                  # more devices than one host's live workers have
     PLUGIN = "plugin"
     GPU_MEMORY = "gpu_memory"
+    DEPENDENCY = "dependency"            # jobs it waits for ("after", a model job) have not succeeded yet
 
 
 def why_waiting(job: Job, live_workers: list[dict[str, Any]]) -> str | None:

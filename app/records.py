@@ -48,6 +48,7 @@ class Job:
     errors: list[dict[str, Any]]
     sweep_id: int | None = None  # a sweep's trial: the sweep, and {"id", "trial", "params"}
     sweep: dict[str, Any] | None = None
+    pinned: bool = False         # kept from deletion (app/references.py)
 
     @classmethod
     def from_row(cls, row) -> "Job":
@@ -59,6 +60,7 @@ class Job:
         values: dict[str, Any] = {name: m.get(name) for name in _FIELD_NAMES}  # a column left unread is None
         values["state"] = JobState(values["state"])
         values["errors"] = values["errors"] or []
+        values["pinned"] = bool(values["pinned"])
         return cls(**values)
 
     def as_dict(self) -> dict[str, Any]:

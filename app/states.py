@@ -43,6 +43,8 @@ class Failure(StrEnum):
     TIMEOUT = "timeout"                # past the job's timeout_s
     CANCELLED = "cancelled"            # by request
     PRUNED = "pruned"                  # a sweep's trial stopped early for doing worse than the others
+    DEPENDENCY = "dependency"          # a job it waits for (after, model_job, init_from) failed, was cancelled,
+    #                                    pruned or deleted: it would never start (app/dependencies.py)
 
 
 # Only a lost worker is retried automatically: the job's own error, an out-of-memory or a crash

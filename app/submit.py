@@ -1,4 +1,5 @@
-"""Submitting jobs: the INSERT of a queued job (alone, or inside a sweep's transaction) and the spec as stored.
+"""Submitting jobs: the INSERT of a queued job (alone, in a batch, or inside a sweep's transaction) with the jobs it
+waits for (app/dependencies.py), and the spec as stored.
 
 A job's later state changes are the queue's (app/queue.py); this module only adds new rows.
 """
@@ -8,7 +9,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from trainyard.app import counters, wakeup
+from trainyard.app import counters, dependencies, wakeup
 from trainyard.app.db import db_now, jobs, read, write
 from trainyard.app.errors import Conflict
 from trainyard.app.records import Job
@@ -38,6 +39,18 @@ def enqueue(engine: Engine, spec: TrainJob | PredictJob | RunJob, idempotency_ke
         return _same_key(existing, body), False
 
 
+def enqueue_many(engine: Engine, specs: list[TrainJob | PredictJob | RunJob],
+                 admitted: list[tuple[int | None, dict[str, str]]]) -> list[Job]:
+    """Insert a batch's jobs in one transaction, in order, each "$N" replaced by the id job N got;
+    admitted: each job's (parameters, needs)."""
+    created: list[Job] = []
+    with write(engine) as conn:
+        for spec, (parameters, needs) in zip(specs, admitted, strict=True):
+            resolved = dependencies.resolve(spec, [job.id for job in created])
+            created.append(insert_job(conn, resolved, parameters=parameters, needs=needs))
+    return created
+
+
 def insert_job(conn, spec: TrainJob | PredictJob | RunJob, idempotency_key: str | None = None,
                parameters: int | None = None, needs: dict[str, str] | None = None,
                sweep: dict | None = None, body: dict | None = None) -> Job:
@@ -53,6 +66,7 @@ def insert_job(conn, spec: TrainJob | PredictJob | RunJob, idempotency_key: str 
         **{f"need_{kind[:-1]}": name for kind, name in (needs or {}).items()},
     )
     created = Job.from_row(conn.execute(insert(jobs).values(**values).returning(jobs)).one())
+    dependencies.record(conn, created.id, spec)
     counters.add(conn, counters.submitted(spec.kind))
     wakeup.notify(conn)
     return created

@@ -188,6 +188,13 @@ def test_the_queue_by_device_and_reason_class_and_its_oldest_age(engine):
     assert value(st, "trainyard_queue_depth", device="cuda", reason="no_device_worker") == 1
     assert 0 <= value(st, "trainyard_worker_heartbeat_age_seconds", worker="w1", host="box", device="cpu") < 60
 
+    waits, _ = submit.enqueue(engine, parse_spec({**SPEC, "after": [cpu.id]}))  # waits for another job first
+    _, st = render(engine)
+    assert value(st, "trainyard_queue_depth", device="cpu", reason="dependency") == 1
+    assert value(st, "trainyard_queue_depth", device="cpu", reason="turn") == 2
+    with write(engine) as conn:
+        conn.execute(delete(jobs).where(jobs.c.id == waits.id))
+
     claimed = queue.claim(engine, "w1", "cpu", lease_s=30)
     assert claimed is not None and claimed.id == cpu.id
     queue.fail(engine, claimed.id, claimed.claim, error_record(Failure.JOB, "X", "boom"))

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import insert, select
 
 from tests.conftest import tiny_job
 from tests.service import ROOT, serving
@@ -85,11 +85,10 @@ def test_migration_0005_moves_the_pruned_trials_of_earlier_releases_and_back(bac
                 ("failed", 1, {"class": "job", "type": "E", "message": "broken"}),
                 ("failed", None, {"class": "pruned", "type": "Pruned", "message": "not a trial"}),
                 ("succeeded", 1, None)]
-        for state, sweep_id, error in rows:  # (0005 changes no column: today's INSERT fits 0004's table)
-            made, _ = enqueue(engine, parse_spec(tiny_job()))
+        for state, sweep_id, error in rows:  # only 0004's columns (later revisions add some)
             with write(engine) as conn:
-                conn.execute(update(jobs).where(jobs.c.id == made.id).values(state=state, sweep_id=sweep_id,
-                                                                               error=error))
+                conn.execute(insert(jobs).values(kind="train", state=state, spec=tiny_job(), device_req="cpu",
+                                                 created_at=0, sweep_id=sweep_id, error=error))
         migrate.upgrade(engine)
         assert states(engine) == ["pruned", "failed", "failed", "succeeded"]
         with write(engine) as conn:

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from sqlalchemy.exc import OperationalError
 
-from trainyard.app import queue
+from trainyard.app import deletion, queue
 from trainyard.app.records import Job
 from trainyard.app.settings import Settings
 from trainyard.app.states import Failure, error_record
@@ -68,6 +68,8 @@ def run_job(worker: Launcher, job: Job) -> None:
         shutil.rmtree(settings.layout.scratch(job.id), ignore_errors=True)
     run.sum_up()
     run.publish_log()  # with the lines written after the job's end was recorded
+    if run.outcome == "lost" and worker.db(deletion.gone, job.id):  # deleted under us: what the run left goes too
+        deletion.delete_objects(settings.store, [job.id])
     if run.outcome == "succeeded":
         try:
             settings.store.delete_prefix(settings.layout.rel(settings.layout.checkpoints(job.id)))

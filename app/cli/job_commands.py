@@ -1,5 +1,5 @@
-"""Client commands about jobs: submit, watch, status, cancel, retry, jobs, logs, result, metrics, download;
-and upload (a dataset for jobs to train on)."""
+"""Client commands about jobs: submit, watch, status, cancel, retry, delete, pin, unpin, jobs, logs, result,
+metrics, download; and upload (a dataset for jobs to train on)."""
 import json
 import sys
 import time
@@ -42,6 +42,10 @@ def add_job_commands(add) -> None:
                            ("cancel", by_id(lambda c, i: c.jobs.cancel(i), job_table), "cancel a job"),
                            ("retry", by_id(lambda c, i: c.jobs.retry(i), job_table),
                             "requeue a failed or cancelled job"),
+                           ("delete", by_id(deleted, said_deleted("job")),
+                            "delete an ended job: its metrics, model, checkpoints and log"),
+                           ("pin", by_id(lambda c, i: c.jobs.pin(i), job_table), "keep a job from deletion"),
+                           ("unpin", by_id(lambda c, i: c.jobs.unpin(i), job_table), "let a pinned job be deleted"),
                            ("watch", cmd_watch, "show a job's live progress until it ends"),
                            ("result", by_id(lambda c, i: c.jobs.result(i), result_view),
                             "print all of a succeeded job's result (a predict job's predictions)")):
@@ -62,6 +66,19 @@ def add_job_commands(add) -> None:
     up = add("upload", cmd_upload, "upload a dataset (.csv, .npz, ImageFolder .zip)")
     up.add_argument("file", help="the dataset's file")
     up.add_argument("--label-column", help="CSV: the column of class labels")
+
+
+def deleted(client: Client, job_id: int) -> dict:
+    client.jobs.delete(job_id)
+    return {"deleted": job_id}
+
+
+def said_deleted(noun: str):
+    """What `delete` and `sweep-delete` show: the id deleted (and the job kept)."""
+    def render(d: dict) -> None:
+        kept = f" (kept job {d['kept']}, its best trial)" if d.get("kept") else ""
+        console.print(f"deleted {noun} {d['deleted']}{kept}")
+    return render
 
 
 def cmd_submit(client: Client, args) -> int:

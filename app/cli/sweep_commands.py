@@ -1,7 +1,8 @@
-"""Client commands about sweeps: sweep, sweeps, sweep-status, sweep-watch, sweep-cancel."""
+"""Client commands about sweeps: sweep, sweeps, sweep-status, sweep-watch, sweep-cancel, sweep-delete."""
 from rich.table import Table
 
 from trainyard.app.cli.calls import by_id, read_json
+from trainyard.app.cli.job_commands import said_deleted
 from trainyard.app.cli.output import console, number, show, shown, state_text
 from trainyard.app.cli.sweep_output import counts_text, follow_sweep, follow_sweep_table, say_best, sweep_summary
 from trainyard.app.client import TERMINAL, Client
@@ -23,6 +24,9 @@ def add_sweep_commands(add) -> None:
                            ("sweep-cancel", by_id(lambda c, i: c.sweeps.cancel(i), sweep_summary),
                             "cancel a sweep and its unfinished trials")):
         add(name, fn, help).add_argument("id", type=int, help="the sweep's id (`trainyard sweeps` lists them)")
+    sd = add("sweep-delete", cmd_sweep_delete, "delete an ended sweep and its trials' jobs (their files too)")
+    sd.add_argument("id", type=int, help="the sweep's id (`trainyard sweeps` lists them)")
+    sd.add_argument("--keep", choices=["best"], help="best: keep the best trial's job")
 
 
 def cmd_sweep(client: Client, args) -> int:
@@ -31,6 +35,13 @@ def cmd_sweep(client: Client, args) -> int:
         show(sweep, args.json, sweep_summary)
         return 1 if sweep["state"] in TERMINAL and sweep["state"] != SweepState.SUCCEEDED else 0
     return watch_sweep(client, sweep["id"], args.json)
+
+
+def cmd_sweep_delete(client: Client, args) -> int:
+    best = client.sweeps.get(args.id).get("best") if args.keep else None
+    client.sweeps.delete(args.id, keep=args.keep)
+    show({"deleted": args.id, "kept": (best or {}).get("job_id")}, args.json, said_deleted("sweep"))
+    return 0
 
 
 def cmd_sweep_watch(client: Client, args) -> int:

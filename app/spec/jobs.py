@@ -16,6 +16,16 @@ MAX_PREDICT_ROWS = 10_000
 # Devices one job may span (ranks of one host).
 MAX_DEVICES = 16
 MAX_ID = 2**53
+# Jobs one job may wait for (`after`), and jobs one batch may submit (POST /jobs/batch).
+MAX_AFTER = 32
+MAX_BATCH = 32
+# "$N": the job at position N of the same batch (POST /jobs/batch), before it has an id.
+BATCH_REF = r"^\$(0|[1-9][0-9]?)$"
+JobId = Annotated[int, Field(ge=1, le=MAX_ID)]
+JobRef = JobId | Annotated[str, Field(pattern=BATCH_REF)]
+# "sweep:<id>:best": a sweep's best trial, once the sweep ends (model_job and init_from).
+SWEEP_BEST = r"^sweep:[1-9][0-9]{0,15}:best$"
+ModelRef = JobRef | Annotated[str, Field(pattern=SWEEP_BEST)]
 # Largest magnitude a float32 holds: inputs beyond it would overflow to inf in the model.
 FLOAT32_MAX = 3.4028234663852886e38
 # What a job process may report per epoch (ctx.report) and keep beside its model (ctx.save_model's meta):
@@ -39,6 +49,17 @@ class _JobBase(_Strict):
     max_attempts: int = Field(3, ge=1, le=100, description="runs lost to infrastructure failures before giving up")
     timeout_s: float | None = Field(None, gt=0, le=30 * 86400, description="stop and fail the job after this long")
     resources: Resources | None = None
+    after: list[JobRef] = Field(
+        default_factory=list, max_length=MAX_AFTER, description="ids of jobs this one waits for: it stays queued "
+        "until they all succeed, and fails (class dependency) if one fails, is cancelled or deleted; in a batch "
+        "(POST /jobs/batch), \"$N\" is the batch's job at position N")
+
+    @field_validator("after")
+    @classmethod
+    def _after_unique(cls, v: list[int | str]) -> list[int | str]:
+        if len(set(v)) != len(v):
+            raise ValueError("after: name each job once")
+        return v
 
     @field_validator("resources")
     @classmethod
@@ -78,9 +99,11 @@ class TrainJob(_MultiDevice):
     model: ModelSpec
     data: DataSpec
     train: TrainParams = TrainParams()
-    init_from: int | None = Field(
-        None, ge=1, le=MAX_ID, description="id of a succeeded train job (or run job that saved a model) to start from: "
-        "the same architecture, fields and input shape; a different num_classes re-makes the classifier head")
+    init_from: ModelRef | None = Field(
+        None, description="id of a train job (or run job that saved a model) to start from: the same architecture, "
+        "fields and input shape; a different num_classes re-makes the classifier head. A job still queued or "
+        "running is waited for (as `after`); in a batch, \"$N\" is the batch's job at position N; "
+        "\"sweep:<id>:best\" is a sweep's best trial, waited for until the sweep ends")
 
     @model_validator(mode="after")
     def _one_starting_point(self):
@@ -111,7 +134,9 @@ class PredictData(_Strict):
 
 class PredictJob(_JobBase):
     kind: Literal["predict"]
-    model_job: int = Field(ge=1, le=MAX_ID, description="id of a succeeded train job (or run job that saved a model)")
+    model_job: ModelRef = Field(description="id of a train job (or run job that saved a model); one still queued or "
+                                "running is waited for (as `after`); in a batch, \"$N\" is the batch's job at "
+                                "position N; \"sweep:<id>:best\" is a sweep's best trial, waited for until it ends")
     inputs: list[list[float]] | None = Field(
         None, min_length=1, max_length=MAX_PREDICT_ROWS,
         description="rows of features; image inputs flattened (C*H*W values per row)")
@@ -156,6 +181,7 @@ class RunJob(_MultiDevice):
 
 JobSpec = Annotated[TrainJob | PredictJob | RunJob, Field(discriminator="kind")]
 job_spec_adapter: TypeAdapter = TypeAdapter(JobSpec)
+JobBatch = Annotated[list[JobSpec], Field(min_length=1, max_length=MAX_BATCH)]
 
 
 def parse_spec(raw: dict) -> TrainJob | PredictJob | RunJob:
@@ -172,3 +198,6 @@ TRAIN_EXAMPLE: dict[str, Any] = {
 }
 PREDICT_INPUTS_EXAMPLE = {"kind": "predict", "model_job": 1, "inputs": [[5.1, 3.5, 1.4, 0.2]]}
 PREDICT_DATA_EXAMPLE = {"kind": "predict", "model_job": 1, "data": {"dataset": "iris", "split": "val"}}
+# POST /jobs/batch: train, evaluate the model on its held-out split, then predict rows with it.
+PIPELINE_EXAMPLE = [TRAIN_EXAMPLE, {**PREDICT_DATA_EXAMPLE, "model_job": "$0"},
+                    {**PREDICT_INPUTS_EXAMPLE, "model_job": "$0", "after": ["$1"]}]

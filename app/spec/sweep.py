@@ -135,6 +135,13 @@ class SweepSpec(_Strict):
     max_failed_trials: int = Field(5, ge=1, le=MAX_SWEEP_TRIALS, description="trials that fail (not pruned or "
                                    "cancelled) before the sweep gives up")
 
+    @model_validator(mode="after")
+    def _base_waits_for_nothing(self):
+        # A sweep's trials are made over time by its driver, outside any submit: none of them could wait.
+        if self.job.after:
+            raise ValueError("job.after: a sweep's trials cannot wait for jobs; submit the sweep once they succeed")
+        return self
+
     @property
     def goal(self) -> str:
         """The direction: as given, or maximize for a metric that grows better (val_accuracy)."""

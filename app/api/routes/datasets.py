@@ -6,9 +6,11 @@ from fastapi import APIRouter, File, Form, Response, UploadFile
 from fastapi import Path as PathParam
 from pydantic import BaseModel, Field
 
-from trainyard.app import uploads
-from trainyard.app.api.deps import SettingsDep
+from trainyard.app import references, uploads
+from trainyard.app.api.deps import EngineDep, SettingsDep
 from trainyard.app.api.schemas import responses
+from trainyard.app.db import read
+from trainyard.app.errors import Conflict
 from trainyard.app.settings import Settings
 
 FORM_OVERHEAD_BYTES = 64 << 10  # multipart boundaries, part headers and the label_column field
@@ -50,10 +52,11 @@ def make_router(settings: Settings) -> APIRouter:
     router.add_api_route("", list_datasets, methods=["GET"], response_model=DatasetsPublic,
                          operation_id="list_datasets")
     missing = responses(not_found="no such dataset")
+    kept = {**missing, **responses(conflict="a queued or running job uses it")}
     router.add_api_route("/{dataset_id}", get_dataset, methods=["GET"], response_model=DatasetPublic, responses=missing,
                          operation_id="get_dataset")
     router.add_api_route("/{dataset_id}", delete_dataset, methods=["DELETE"], status_code=204,
-                         response_class=Response, responses=missing, operation_id="delete_dataset")
+                         response_class=Response, responses=kept, operation_id="delete_dataset")
     return router
 
 
@@ -77,8 +80,12 @@ def get_dataset(dataset_id: DatasetId, settings: SettingsDep) -> DatasetPublic:
     return DatasetPublic.from_meta(uploads.get(settings.store, dataset_id))
 
 
-def delete_dataset(dataset_id: DatasetId, settings: SettingsDep) -> Response:
-    """Delete an uploaded dataset. Jobs that use it are not checked: a queued or running job that has
-    not loaded it yet fails with an error saying the dataset was deleted."""
+def delete_dataset(dataset_id: DatasetId, settings: SettingsDep, engine: EngineDep) -> Response:
+    """Delete an uploaded dataset; while a queued or running job uses it, 409 naming the job. (A job submitted
+    as it is deleted fails when it starts, saying the dataset was deleted.)"""
+    with read(engine) as conn:
+        why = references.why_dataset_kept(conn, dataset_id)
+    if why:
+        raise Conflict(why)
     uploads.delete(settings.store, dataset_id)
     return Response(status_code=204)

@@ -1,4 +1,5 @@
-"""Routes for jobs: submit, list, read, cancel, retry, metrics, artifact, result, logs (events: routes/events.py)."""
+"""Routes for jobs: submit, list, read, cancel, retry, delete, pin, metrics, artifact, result, logs (events:
+routes/events.py)."""
 import asyncio
 import itertools
 from typing import Annotated, Literal
@@ -10,7 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 
-from trainyard.app import admission, exports, job_reads, job_summaries, queue, storage, submit
+from trainyard.app import admission, deletion, exports, job_reads, job_summaries, queue, storage, submit
 from trainyard.app.api.deps import EngineDep, ReaderDep, SettingsDep
 from trainyard.app.api.schemas import (
     HEAVY,
@@ -24,7 +25,16 @@ from trainyard.app.api.schemas import (
 )
 from trainyard.app.errors import Conflict, Gone, NotFound
 from trainyard.app.layout import ARTIFACT_FILES, EXPORT_FILES, RESULT_FILE
-from trainyard.app.spec import JOB_KINDS, MAX_ID, PREDICT_DATA_EXAMPLE, PREDICT_INPUTS_EXAMPLE, TRAIN_EXAMPLE, JobSpec
+from trainyard.app.spec import (
+    JOB_KINDS,
+    MAX_ID,
+    PIPELINE_EXAMPLE,
+    PREDICT_DATA_EXAMPLE,
+    PREDICT_INPUTS_EXAMPLE,
+    TRAIN_EXAMPLE,
+    JobBatch,
+    JobSpec,
+)
 from trainyard.app.states import JobState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -44,6 +54,8 @@ EXAMPLES = {
     "predict_data": {"summary": "Evaluate on the validation split", "value": PREDICT_DATA_EXAMPLE},
 }
 
+BATCH_EXAMPLES = {"pipeline": {"summary": "Train, evaluate on the held-out split, predict", "value": PIPELINE_EXAMPLE}}
+
 
 @router.post("", status_code=201, response_model=JobPublic, operation_id="submit_job",
              responses={200: {"model": JobPublic, "description": "the same Idempotency-Key and body: the job it made"},
@@ -56,8 +68,24 @@ async def submit_job(spec: Annotated[JobSpec, Body(openapi_examples=EXAMPLES)], 
 
 
 def _submit(engine, settings, spec, idempotency_key):
-    admitted = admission.admit(engine, settings, spec)
+    admitted = admission.admit(engine, settings, spec, waits=True)
     return submit.enqueue(engine, spec, idempotency_key, admitted.parameters, admitted.needs)
+
+
+@router.post("/batch", status_code=201, response_model=list[JobPublic], operation_id="submit_jobs",
+             responses=responses())
+async def submit_jobs(specs: Annotated[JobBatch, Body(openapi_examples=BATCH_EXAMPLES)], engine: EngineDep,
+                      settings: SettingsDep) -> Response:
+    """Several jobs at once, inserted in one transaction (all or none) and answered in order: a pipeline. A
+    job may name an earlier job of the batch as "$N" (its position) in after, model_job or init_from, and waits
+    for it as for any job it names."""
+    created = await run_in_threadpool(_submit_batch, engine, settings, specs)
+    return as_json([job_fields(job, None) for job in created], 201)
+
+
+def _submit_batch(engine, settings, specs):
+    admitted = admission.admit_batch(engine, settings, specs)
+    return submit.enqueue_many(engine, specs, [(a.parameters, a.needs) for a in admitted])
 
 
 @router.get("", response_model=JobsPublic, operation_id="list_jobs")
@@ -120,6 +148,28 @@ def cancel_job(job_id: JobId, engine: EngineDep) -> Response:
              responses={**NOT_FOUND, **responses(conflict="only failed, cancelled or pruned jobs can be retried")})
 def retry_job(job_id: JobId, engine: EngineDep) -> Response:
     return as_json(job_fields(queue.retry(engine, job_id), None))
+
+
+@router.delete("/{job_id}", status_code=204, response_class=Response, operation_id="delete_job",
+               responses={**NOT_FOUND, **responses(conflict="something keeps it: it is queued or running, pinned, "
+                                                             "named by a job that has not ended, or the best trial "
+                                                             "of a running sweep (the detail says which)")})
+def delete_job(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> Response:
+    """Delete an ended job: its rows (the job, its metrics) and every stored object (artifacts, exports,
+    checkpoints, log). Its id then answers 404. A job something still refers to stays, with 409 naming that."""
+    deletion.delete_job(engine, settings.store, job_id)
+    return Response(status_code=204)
+
+
+@router.post("/{job_id}/pin", response_model=JobPublic, operation_id="pin_job", responses=NOT_FOUND)
+def pin_job(job_id: JobId, engine: EngineDep) -> Response:
+    """Keep the job from deletion (its model is in use elsewhere) until it is unpinned."""
+    return as_json(job_fields(deletion.pin(engine, job_id), None))
+
+
+@router.post("/{job_id}/unpin", response_model=JobPublic, operation_id="unpin_job", responses=NOT_FOUND)
+def unpin_job(job_id: JobId, engine: EngineDep) -> Response:
+    return as_json(job_fields(deletion.pin(engine, job_id, False), None))
 
 
 @router.get("/{job_id}/metrics", response_model=list[MetricPublic], operation_id="job_metrics",

@@ -1,11 +1,11 @@
-"""Routes for sweeps: submit, list, read, trials, curves, cancel (events: routes/events.py)."""
-from typing import Annotated, cast
+"""Routes for sweeps: submit, list, read, trials, curves, cancel, delete (events: routes/events.py)."""
+from typing import Annotated, Literal, cast
 
 from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 
-from trainyard.app import sweep_reads, sweep_store
+from trainyard.app import deletion, sweep_reads, sweep_store
 from trainyard.app.api.deps import EngineDep, SettingsDep
 from trainyard.app.api.routes.jobs import as_json
 from trainyard.app.api.schemas import SweepPublic, SweepsPublic, TrialPublic, responses, sweep_fields
@@ -107,3 +107,16 @@ def cancel_sweep(sweep_id: SweepId, engine: EngineDep) -> Response:
     """End the sweep and cancel its queued and running trials (stopped within 2 s); finished trials stay."""
     sweep_store.cancel(engine, sweep_id)
     return as_json(_sweep(engine, sweep_id))
+
+
+@router.delete("/{sweep_id}", status_code=204, response_class=Response, operation_id="delete_sweep",
+               responses={**NOT_FOUND, **responses(conflict="the sweep is running, a job waits for its best trial, "
+                                                             "or one of its trials is kept (pinned, or named by a "
+                                                             "job that has not ended)")})
+def delete_sweep(sweep_id: SweepId, engine: EngineDep, settings: SettingsDep,
+                 keep: Annotated[Literal["best"] | None, Query(description="best: keep the best trial's job "
+                                                                           "(detached from the sweep)")] = None
+                 ) -> Response:
+    """Delete an ended sweep, its study and its trials' jobs (their rows and stored objects), all or nothing."""
+    deletion.delete_sweep(engine, settings.store, sweep_id, keep_best=keep == "best")
+    return Response(status_code=204)

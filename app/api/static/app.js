@@ -284,14 +284,37 @@
   });
   $("token-forget").hidden = !token;
 
-  // ---- cancel and retry ----------------------------------------------------------------------------
+  // ---- cancel, retry, pin and delete ---------------------------------------------------------------
 
-  function actionButtons(id) {
-    const mk = (action, label) => el("button", {
+  function actionButton(id, action, label) {
+    return el("button", {
       type: "button", class: `btn btn-${action}`, "data-action": action, "data-job": id,
       "aria-label": `${label} job ${id}`, "data-testid": `${action}-${id}`, hidden: true, text: label,
     });
-    return [mk("cancel", "Cancel"), mk("retry", "Retry")];
+  }
+
+  function actionButtons(id) {
+    return [actionButton(id, "cancel", "Cancel"), actionButton(id, "retry", "Retry")];
+  }
+
+  // The job page's buttons: cancel and retry, then pin (or unpin) and delete (an ended job nothing keeps).
+  function jobPageButtons(id) {
+    return [...actionButtons(id), actionButton(id, "pin", "Pin"), actionButton(id, "delete", "Delete")];
+  }
+
+  function updatePageActions(buttons, job) {
+    const [, , pin, del] = buttons;
+    updateActions(buttons, job.state);
+    const action = job.pinned ? "unpin" : "pin", label = job.pinned ? "Unpin" : "Pin";
+    if (pin.dataset.action !== action) {
+      pin.dataset.action = action;
+      pin.textContent = label;
+      setAttr(pin, "aria-label", `${label} job ${job.id}`);
+      setAttr(pin, "title", job.pinned ? "let this job be deleted" : "keep this job from deletion (its model is in use)");
+    }
+    if (pin.hidden) pin.hidden = false;
+    const showDelete = TERMINAL.has(job.state) && !job.pinned;
+    if (del.hidden === showDelete) del.hidden = !showDelete;
   }
 
   function updateActions(buttons, state) {
@@ -311,10 +334,19 @@
     const button = ev.target.closest("button[data-action]");
     if (!button || button.disabled) return;
     const { action, job } = button.dataset;
+    const asked = `Delete job ${job}, its metrics, model, checkpoints and log? This cannot be undone.`;
+    if (action === "delete" && !confirm(asked)) return;
     button.disabled = true;
     try {
+      if (action === "delete") {
+        await api(`/jobs/${job}`, { method: "DELETE" });
+        setStatus(`job ${job}: deleted`, "ok");
+        location.hash = "#/";
+        return;
+      }
       await api(`/jobs/${job}/${action}`, { method: "POST" });
-      setStatus(`job ${job}: ${action === "cancel" ? "cancelled" : "requeued"}`, "ok");
+      const done = { cancel: "cancelled", retry: "requeued", pin: "pinned", unpin: "unpinned" };
+      setStatus(`job ${job}: ${done[action]}`, "ok");
     } catch (e) {
       if (e instanceof Unauthorized) { showAuth(); return; }
       setStatus(`could not ${action} job ${job}: ${e.message}`, "bad");
@@ -568,7 +600,7 @@
   function resetJobView(id) {
     jobView.id = id;
     jobView.metricsKey = jobView.logKey = jobView.specKey = null;
-    jobView.buttons = actionButtons(id);
+    jobView.buttons = jobPageButtons(id);
     jobView.progress = resetHead("job", `Job ${id}`, "queued", jobView.buttons);
     $("job-result").replaceChildren();
     setText($("job-spec"), "");
@@ -636,7 +668,7 @@
 
     setText($("job-title"), job.name ? `Job ${id} · ${job.name}` : `Job ${id}`);
     updateBadge($("job-state").firstChild, job.state);
-    updateActions(jobView.buttons, job.state);
+    updatePageActions(jobView.buttons, job);
     updateProgress(jobView.progress, job);
 
     const t = jobTime(job);
