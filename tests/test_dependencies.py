@@ -13,8 +13,8 @@ from tests.conftest import on_both_backends, tiny_job
 from tests.service import ROOT
 from trainyard import Client
 from trainyard.app import admission, job_reads, queue, submit, sweep_store
-from trainyard.app.api.background import fail_dependents
 from trainyard.app.db import job_deps, jobs, read, write
+from trainyard.app.dependents import fail_dependents
 from trainyard.app.errors import Invalid
 from trainyard.app.settings import Settings
 from trainyard.app.spec import JobBatch, SweepSpec, parse_spec

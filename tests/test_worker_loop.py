@@ -40,7 +40,7 @@ def test_burst_runs_every_kind_of_ending_then_stops(settings):
     predict = submit(settings, {"kind": "predict", "model_job": ok, "inputs": [[5.1, 3.5, 1.4, 0.2]]})
     orphan = submit(settings, {"kind": "predict", "model_job": times_out, "inputs": [[1.0, 2.0, 3.0, 4.0]]})
     worker = run_burst(settings)
-    assert worker.jobs_done == 5
+    assert worker.jobs_done == 4  # the orphan waited for its model job, which failed: it never runs
     engine = make_engine(settings.db_url)
     jobs = {i: job_reads.get_job(engine, i) for i in (ok, diverges, times_out, predict, orphan)}
     assert jobs[ok].state == "succeeded" and jobs[ok].epoch == 3 and jobs[ok].artifact_path
@@ -50,8 +50,10 @@ def test_burst_runs_every_kind_of_ending_then_stops(settings):
     assert jobs[times_out].state == "failed" and jobs[times_out].error["class"] == "timeout"
     assert jobs[predict].state == "succeeded" and jobs[predict].result["predictions"] == 1
     assert (settings.layout.resolve(jobs[predict].artifact_path) / "result.json").is_file()
-    # Its model job never succeeded: no artifact to load, the job's own failure.
-    assert jobs[orphan].state == "failed" and "no artifact" in jobs[orphan].error["message"]
+    # Its model job was still queued when it was submitted: it waited for it, and failed (class dependency, naming
+    # that job) when it failed, before the burst ended.
+    assert jobs[orphan].state == "failed" and jobs[orphan].error["class"] == "dependency"
+    assert f"job {times_out}" in jobs[orphan].error["message"] and jobs[orphan].started_at is None
     log = settings.layout.log(ok).read_text()
     assert "job process pid" in log and "memory budget" in log and "peak memory" in log
 

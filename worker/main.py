@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.exc import OperationalError
 
-from trainyard.app import device_names, gpu_order, hardware, migrate, placement, plugins, queue, wakeup
+from trainyard.app import dependents, device_names, gpu_order, hardware, migrate, placement, plugins, queue, wakeup
 from trainyard.app import workers as registry
 from trainyard.app.db import make_engine
 from trainyard.app.records import Job
@@ -110,6 +110,9 @@ class Worker:
                 job = self._next_job()
                 if job is None:
                     if self.burst:
+                        # What waits on a job that will never succeed is failed now, as a server would: a burst
+                        # with no server must not leave such a chain queued for ever.
+                        self.db(dependents.fail_dependents)
                         break
                     # Woken when the queue changes; poll_s is only the safety net. Heartbeats stay on time.
                     self.listener.wait(max(0.0, min(self.settings.poll_s, self._next_beat - time.monotonic())))
