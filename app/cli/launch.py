@@ -77,7 +77,10 @@ def cmd_db(args) -> int:
     engine = make_engine(settings.db_url)
     try:
         if args.action == "upgrade":
-            before, after = migrate.upgrade(engine)
+            try:
+                before, after = migrate.upgrade(engine)
+            except migrate.SchemaBehind as exc:  # a database no release made: said in one line, as at start
+                raise SystemExit(f"trainyard db upgrade: {exc}") from None
             print(f"database schema: {before or 'empty'} -> {after}" if before != after
                   else f"database schema: {after}, up to date")
         else:
