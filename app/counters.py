@@ -24,7 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from trainyard.app.db import counters, jobs
-from trainyard.app.states import JobState
+from trainyard.app.states import TERMINAL, JobState
 
 SUBMITTED = "trainyard_jobs_submitted_total"    # {kind}
 FINISHED = "trainyard_jobs_finished_total"      # {kind, state}: every job that reached an end state
@@ -40,7 +40,7 @@ ENDED = (jobs.c.kind, jobs.c.state, jobs.c.error, jobs.c.started_at, jobs.c.fini
 BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 24 * 3600.0, math.inf)
 
 # The states a job ends in (whatever app/states.py adds): the label values of FINISHED and DURATION.
-ENDINGS = tuple(s.value for s in JobState if s not in (JobState.QUEUED, JobState.RUNNING))
+ENDINGS = tuple(s.value for s in TERMINAL)
 
 
 class Trigger(StrEnum):

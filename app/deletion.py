@@ -25,7 +25,7 @@ from sqlalchemy import delete, false, func, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
-from trainyard.app import references
+from trainyard.app import references, sweep_reads
 from trainyard.app.db import jobs, metrics, read, sweep_log, sweeps, write
 from trainyard.app.errors import Conflict, NotFound
 from trainyard.app.records import Job
@@ -65,8 +65,7 @@ def delete_sweep(engine: Engine, store: Store, sweep_id: int, keep_best: bool = 
         why = references.why_sweep_kept(conn, sweep_id)
         if why:
             raise Conflict(f"sweep {sweep_id} is not deleted: {why}")
-        light = [c for c in jobs.c if c.name not in ("spec", "errors")]
-        trials = [Job.from_row(r) for r in conn.execute(select(*light).where(jobs.c.sweep_id == sweep_id))]
+        trials = sweep_reads.trials_in(conn, [sweep_id])[sweep_id]
         best = best_trial({"metric": row.metric, "direction": row.direction}, trials) if keep_best else None
         doomed = [t.id for t in trials if best is None or t.id != best.id]
         _lock(conn, doomed)

@@ -18,8 +18,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
+from trainyard.app import sweep_reads
 from trainyard.app.db import job_sweeps, jobs, sweeps
-from trainyard.app.records import Job
 from trainyard.app.spec.common import UPLOAD_PREFIX
 from trainyard.app.states import JobState, SweepState
 from trainyard.app.sweep_results import best_trial
@@ -87,10 +87,9 @@ def _running_sweeps_best(conn: Connection, sweep_ids: set[int]) -> dict[int, int
                                   sweeps.c.spec["direction"].as_string().label("direction"))
                            .where(sweeps.c.id.in_(sorted(sweep_ids)), sweeps.c.state == SweepState.RUNNING)).all()
     out = {}
-    light = [c for c in jobs.c if c.name not in ("spec", "errors")]
+    trials = sweep_reads.trials_in(conn, [sweep.id for sweep in running])
     for sweep in running:
-        trials = [Job.from_row(r) for r in conn.execute(select(*light).where(jobs.c.sweep_id == sweep.id))]
-        best = best_trial({"metric": sweep.metric, "direction": sweep.direction}, trials)
+        best = best_trial({"metric": sweep.metric, "direction": sweep.direction}, trials[sweep.id])
         if best is not None:
             out[sweep.id] = best.id
     return out

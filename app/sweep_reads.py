@@ -3,7 +3,7 @@ jobs, and what the driver watches of them. Nothing here writes (app/sweep_store.
 from typing import Any
 
 from sqlalchemy import and_, func, null, select, union_all
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from trainyard.app.db import jobs, read, sweeps
 from trainyard.app.errors import NotFound
@@ -90,11 +90,18 @@ _LIGHT = [c for c in jobs.c if c.name not in ("spec", "errors")]
 
 def trials(engine: Engine, sweep_ids: list[int]) -> dict[int, list[Job]]:
     """Each sweep's trial jobs by trial number (the heavy spec and errors left unread)."""
+    if not sweep_ids:
+        return {}
+    with read(engine) as conn:
+        return trials_in(conn, sweep_ids)
+
+
+def trials_in(conn: Connection, sweep_ids: list[int]) -> dict[int, list[Job]]:
+    """trials(), in the caller's transaction (a delete's, which must see what it deletes)."""
     out: dict[int, list[Job]] = {i: [] for i in sweep_ids}
     if not sweep_ids:
         return out
-    with read(engine) as conn:
-        rows = conn.execute(select(*_LIGHT).where(jobs.c.sweep_id.in_(sweep_ids)).order_by(jobs.c.id)).all()
+    rows = conn.execute(select(*_LIGHT).where(jobs.c.sweep_id.in_(sweep_ids)).order_by(jobs.c.id)).all()
     for row in rows:
         job = Job.from_row(row)
         if job.sweep_id is not None:
