@@ -290,8 +290,7 @@ def why_waiting(engine: Engine, settings: Settings, found: list[Job]) -> dict[in
     if not queued:
         return {}
     listed, now = registry.list_workers(engine)
-    live = [w for w in listed
-            if registry.worker_state(w, now, settings.lease_s) in (*registry.LIVE, registry.UNAVAILABLE)]
+    live = registry.still_placing(listed, now, settings.lease_s)
     unmet = dependencies.unmet(engine, [j.id for j in queued])
     return {j.id: dependencies.waiting_for(unmet[j.id]) if j.id in unmet else placement.why_waiting(j, live)
             for j in queued}

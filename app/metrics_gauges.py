@@ -47,9 +47,7 @@ def _queue(conn: Connection, listed: list[dict], now: float,
     blocked = case((dependencies.ready(), False), else_=True).label("blocked")
     groups = conn.execute(select(*_PLACED, blocked, func.count().label("n"), since)
                           .where(jobs.c.state == JobState.QUEUED).group_by(*_PLACED, blocked)).all()
-    # The workers a job may still get, as admission.why_waiting counts them (unavailable ones say why).
-    live = [w for w in listed if registry.worker_state(w, now, stale_after_s)
-            in (*registry.LIVE, registry.UNAVAILABLE)]
+    live = registry.still_placing(listed, now, stale_after_s)
     out: dict[tuple[str, str], list[float]] = {}
     for group in groups:
         job = Job.from_values({**{k: v for k, v in group._mapping.items() if k != "blocked"}, "state": JobState.QUEUED})

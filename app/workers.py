@@ -52,6 +52,12 @@ def list_workers(engine: Engine, include_stopped: bool = False) -> tuple[list[di
     return [{str(k): v for k, v in r._mapping.items()} for r in rows], now
 
 
+def still_placing(listed: list[dict], now: float, stale_after_s: float) -> list[dict]:
+    """The workers a queued job may still get, as placement.waiting weighs them: the live ones, and those alive
+    but unable to use their device (their reason becomes the job's)."""
+    return [w for w in listed if worker_state(w, now, stale_after_s) in (*LIVE, UNAVAILABLE)]
+
+
 def worker_state(worker: dict, now: float, stale_after_s: float) -> str:
     """A worker's state as others should read it: 'lost' once it has missed a lease's worth of heartbeats."""
     if worker["state"] != "stopped" and now - worker["last_heartbeat"] > stale_after_s:
