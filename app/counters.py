@@ -35,6 +35,10 @@ LEASE_EXPIRIES = "trainyard_job_lease_expiries_total"  # running jobs whose work
 DURATION = "trainyard_job_duration_seconds"     # {kind, state, le}: the last run of a job that ended running
 DURATION_SUM = DURATION + "_sum"                # {kind, state}
 
+COLLECTED = "trainyard_storage_deleted_objects_total"  # {kind}: unreferenced objects the collector removed
+COLLECTED_BYTES = "trainyard_storage_deleted_bytes_total"  # {kind}
+COLLECTIONS = "trainyard_storage_collections_total"  # the collector's passes
+
 # The columns `ended` reads of the updated row (UPDATE .. RETURNING).
 ENDED = (jobs.c.kind, jobs.c.state, jobs.c.error, jobs.c.started_at, jobs.c.finished_at)
 BUCKETS = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 24 * 3600.0, math.inf)
@@ -92,6 +96,15 @@ def preempted() -> Tally:
 
 def lease_expired() -> Tally:
     return {_key(LEASE_EXPIRIES): 1}
+
+
+def collected(deleted: list[tuple[str, int]]) -> Tally:
+    """A collector's pass that removed these (kind, bytes) objects."""
+    tally: Tally = {_key(COLLECTIONS): 1.0}
+    for kind, size in deleted:
+        for name, value in ((COLLECTED, 1.0), (COLLECTED_BYTES, float(size))):
+            tally[_key(name, kind=kind)] = tally.get(_key(name, kind=kind), 0.0) + value
+    return tally
 
 
 def add(conn: Connection, *tallies: Tally) -> None:

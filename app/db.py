@@ -86,6 +86,9 @@ jobs = Table(
     Column("sweep", JSON),
     # Kept from deletion (POST /jobs/{id}/pin): a model in use elsewhere. NULL reads as false (app/references.py).
     Column("pinned", Boolean),
+    # Set when retention removed the job's files but kept its row (a sweep trial outside the best k):
+    # {"at": epoch seconds, "why": "..."}; its artifact_path and checkpoint are NULL from then on.
+    Column("reclaimed", JSON),
     Index("ix_jobs_claim_order", "state", "priority", "id"),
     # Idle workers ask often whether anything fits their device: answer without scanning the queue.
     Index("ix_jobs_queued_device", "state", "device_req"),
@@ -178,6 +181,17 @@ counters = Table(
     Column("name", String(100), primary_key=True),
     Column("labels", String(500), primary_key=True),
     Column("value", Float, nullable=False),
+)
+
+
+# What the stored objects of each kind (app/collector.py's KINDS) came to at the collector's last listing;
+# kind "cache" is the collecting host's copies of bucket objects.
+storage_usage = Table(
+    "storage_usage", metadata,
+    Column("kind", String(16), primary_key=True),
+    Column("bytes", BigInteger, nullable=False),
+    Column("objects", BigInteger, nullable=False),
+    Column("measured_at", Float, nullable=False),
 )
 
 

@@ -40,7 +40,7 @@ CHUNK = 500  # ids per IN (...): far below both databases' limits on bound param
 def delete_job(engine: Engine, store: Store, job_id: int) -> None:
     """Delete the job's rows and objects; NotFound if there is none, Conflict naming what keeps it."""
     with write(engine) as conn:
-        if not _lock(conn, [job_id]):
+        if not lock(conn, [job_id]):
             raise NotFound(f"job {job_id} not found")
         why = references.why_kept(conn, job_id)
         if why:
@@ -68,7 +68,7 @@ def delete_sweep(engine: Engine, store: Store, sweep_id: int, keep_best: bool = 
         trials = sweep_reads.trials_in(conn, [sweep_id])[sweep_id]
         best = best_trial({"metric": row.metric, "direction": row.direction}, trials) if keep_best else None
         doomed = [t.id for t in trials if best is None or t.id != best.id]
-        _lock(conn, doomed)
+        lock(conn, doomed)
         why = references.why_any_kept(conn, doomed)
         if why:
             raise Conflict(f"sweep {sweep_id} is not deleted: {why}")
@@ -81,7 +81,7 @@ def delete_sweep(engine: Engine, store: Store, sweep_id: int, keep_best: bool = 
     return best.id if best is not None else None
 
 
-def _lock(conn: Connection, job_ids: list[int]) -> list[int]:
+def lock(conn: Connection, job_ids: list[int]) -> list[int]:
     """Lock the jobs' rows for the transaction (PostgreSQL; SQLite's BEGIN IMMEDIATE holds every row): a retry
     or claim of one waits for the delete, then finds it gone. The ids found."""
     found: list[int] = []
@@ -89,6 +89,15 @@ def _lock(conn: Connection, job_ids: list[int]) -> list[int]:
         found += conn.execute(select(jobs.c.id).where(jobs.c.id.in_(job_ids[i:i + CHUNK]))
                               .with_for_update()).scalars()
     return found
+
+
+def delete_unkept(engine: Engine, job_ids: list[int]) -> list[int]:
+    """Delete the rows of those of the jobs that nothing keeps (retention's rule: app/retention.py) and return
+    their ids; their objects are left to the collector, which finds them unreferenced."""
+    with write(engine) as conn:
+        doomed = [i for i in lock(conn, job_ids) if references.why_kept(conn, i) is None]
+        delete_rows(conn, doomed)
+    return doomed
 
 
 def delete_rows(conn: Connection, job_ids: list[int], guarded: bool = True) -> None:

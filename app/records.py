@@ -49,6 +49,7 @@ class Job:
     sweep_id: int | None = None  # a sweep's trial: the sweep, and {"id", "trial", "params"}
     sweep: dict[str, Any] | None = None
     pinned: bool = False         # kept from deletion (app/references.py)
+    reclaimed: dict[str, Any] | None = None  # {"at", "why"}: retention removed its files (app/retention.py)
 
     @classmethod
     def from_row(cls, row) -> "Job":

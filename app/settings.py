@@ -85,6 +85,26 @@ class Settings(BaseSettings):
     # run at once, each a process that imports torch); past it a new one is a 503 with Retry-After.
     export_queue: int = Field(8, ge=0, le=10_000)
 
+    # Retention (app/retention.py, run by the collector: app/collector.py). Durations in seconds; 0 keeps
+    # for ever where said. Succeeded jobs' models and results are kept until deleted.
+    # Checkpoints of failed, cancelled and pruned jobs, kept so that a retry resumes (succeeded: removed at once).
+    checkpoint_ttl_s: float = Field(7 * 86400.0, ge=0)
+    # Failed and cancelled jobs (rows and files) that are not sweep trials, not pinned and named by no job
+    # still to run; 0 keeps them.
+    ended_job_ttl_s: float = Field(30 * 86400.0, ge=0)
+    # A sweep's trials outside its best k (the sweep's keep_best, else this) lose their files once it ends;
+    # 0 keeps every trial's.
+    sweep_keep_best: int = Field(5, ge=0, le=100_000)
+    # Logs of ended jobs; 0 keeps them.
+    log_ttl_s: float = Field(30 * 86400.0, ge=0)
+    # Exported models (ONNX, ...), made again on the next request; 0 keeps them.
+    export_ttl_s: float = Field(7 * 86400.0, ge=0)
+    # Each host's copies of bucket objects (a bucket store only): the least recently used go past this.
+    cache_bytes: int = Field(20 << 30, gt=0)
+    # How often the collector runs, and how young an unreferenced object must be to be spared (a write in flight).
+    collect_s: float = Field(600.0, gt=0)
+    collect_grace_s: float = Field(600.0, ge=0)
+
     # The name this machine goes by in /devices, /workers and /metrics (default: its hostname). In a
     # container the hostname is the container's: set it to the machine's name, the same for the API
     # and the workers of one machine, so that their GPUs are seen as one host's.

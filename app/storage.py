@@ -23,13 +23,20 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from trainyard.app.errors import Unavailable
 from trainyard.app.layout import Layout
 
 CHUNK = 1 << 20
+
+
+class Entry(NamedTuple):
+    """One stored object: its key, size in bytes and when it was last written (epoch seconds)."""
+    key: str
+    size: int
+    mtime: float
 
 
 class Store:
@@ -91,13 +98,27 @@ class Store:
         return size, first, chunks()
 
     def keys(self, prefix: str) -> list[str]:
+        return [e.key for e in self.entries(prefix)]
+
+    def entries(self, prefix: str) -> list[Entry]:
+        """Every object under prefix (a folder's key), with its size and age; what vanished meanwhile is left out."""
+        found = []
         root = self.layout.resolve(prefix)
-        if not root.is_dir():
-            return []
-        return sorted(self.layout.rel(p) for p in root.rglob("*") if p.is_file())
+        for p in root.rglob("*") if root.is_dir() else ():
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            if p.is_file():
+                found.append(Entry(self.layout.rel(p), st.st_size, st.st_mtime))
+        return sorted(found)
 
     def delete(self, key: str) -> None:
         self.layout.resolve(key).unlink(missing_ok=True)
+
+    def delete_keys(self, keys: list[str]) -> None:
+        for key in keys:
+            self.delete(key)
 
     def delete_prefix(self, prefix: str) -> None:
         shutil.rmtree(self.layout.resolve(prefix), ignore_errors=True)
@@ -156,7 +177,11 @@ class S3Store(Store):
     def fetch(self, key: str, refresh: bool = False) -> Path:
         path = self.layout.resolve(key)
         if path.is_file() and not refresh:
-            return path
+            try:
+                os.utime(path)  # used now: the last of this host's copies to go (app/host_cache.py)
+                return path
+            except FileNotFoundError:
+                pass  # evicted just now: fetched again
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
         os.close(fd)
@@ -205,12 +230,13 @@ class S3Store(Store):
                 yield from body.iter_chunks(CHUNK)
         return size, first, chunks()
 
-    def keys(self, prefix: str) -> list[str]:
+    def entries(self, prefix: str) -> list[Entry]:
         full = self._key(prefix.rstrip("/") + "/")
         found = []
         with self._calling(prefix):
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
-                found += [o["Key"][len(self.prefix):] for o in page.get("Contents", ())]
+                found += [Entry(o["Key"][len(self.prefix):], o["Size"], o["LastModified"].timestamp())
+                          for o in page.get("Contents", ())]
         return sorted(found)
 
     def delete(self, key: str) -> None:
@@ -218,12 +244,16 @@ class S3Store(Store):
             self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
         super().delete(key)  # and this host's cached copy
 
-    def delete_prefix(self, prefix: str) -> None:
-        keys = self.keys(prefix)
+    def delete_keys(self, keys: list[str]) -> None:
         for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
-            with self._calling(prefix):
+            with self._calling(keys[i]):
                 self.client.delete_objects(Bucket=self.bucket, Delete={
-                    "Objects": [{"Key": self.prefix + k} for k in keys[i:i + 1000]], "Quiet": True})
+                    "Objects": [{"Key": self._key(k)} for k in keys[i:i + 1000]], "Quiet": True})
+        for key in keys:
+            super().delete(key)  # and this host's cached copies
+
+    def delete_prefix(self, prefix: str) -> None:
+        self.delete_keys(self.keys(prefix))
         super().delete_prefix(prefix)
 
 

@@ -54,10 +54,17 @@ def trial_value(job: Job, metric: str) -> float | None:
 
 def best_trial(plan: dict[str, Any] | SweepPlan, found: list[Job]) -> Job | None:
     """The succeeded trial with the best metric (the lowest trial number among equals)."""
+    best = best_trials(plan, found, 1)
+    return best[0] if best else None
+
+
+def best_trials(plan: dict[str, Any] | SweepPlan, found: list[Job], k: int) -> list[Job]:
+    """The k succeeded trials with the best metric, best first (the lowest trial number among equals)."""
     sign = -1.0 if goal(plan) == "maximize" else 1.0
-    done = [(sign * v, trial_number(j), j) for j in found if j.state == JobState.SUCCEEDED
-            and (v := trial_value(j, plan["metric"])) is not None]
-    return min(done, key=lambda t: t[:2])[2] if done else None
+    done = sorted((sign * v, trial_number(j), j.id) for j in found if j.state == JobState.SUCCEEDED
+                  and (v := trial_value(j, plan["metric"])) is not None)
+    by_id = {j.id: j for j in found}
+    return [by_id[t[2]] for t in done[:k]]
 
 
 def trial_number(job: Job) -> int:

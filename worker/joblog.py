@@ -140,10 +140,23 @@ class JobOutput:
         self.published: tuple[int, int] | None = None  # (size, mtime) of the log when last published
 
     def line(self, text: str) -> None:
+        self.restore()
         self.log.line(text)
+
+    def restore(self) -> None:
+        """Fetch the log back from a bucket store if this host's copy was evicted while the job ran quiet
+        (app/host_cache.py spares only copies younger than its grace period): the bucket's is the same, as
+        the log is published whenever it changes. Appending to nothing would start it anew and overwrite it."""
+        store = self.settings.store
+        if store.remote and self.log.size and not self.path.exists():
+            try:
+                store.fetch(self.settings.layout.rel(self.path), refresh=True)
+            except Exception as exc:
+                log.warning("job %s: evicted log not fetched back from %s: %s", self.job_id, store.describe(), exc)
 
     def pump(self, limit: int = PUMP_BYTES) -> None:
         """Copy what the job (and every process it started) printed to its log, up to limit bytes."""
+        self.restore()
         while limit > 0 and self.pipe is not None:
             try:
                 data = os.read(self.pipe.fileno(), min(1 << 20, limit))
@@ -188,6 +201,8 @@ class JobOutput:
         if not store.remote:
             return
         try:
+            if not self.path.exists():
+                return  # evicted unchanged since it was last published (restore() brings it back)
             stat = self.path.stat()
             if (stat.st_size, stat.st_mtime_ns) != self.published:
                 store.publish(self.path)

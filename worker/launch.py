@@ -8,7 +8,7 @@ from typing import Protocol
 
 from sqlalchemy.exc import OperationalError
 
-from trainyard.app import deletion, queue
+from trainyard.app import deletion, host_cache, queue
 from trainyard.app.records import Job
 from trainyard.app.settings import Settings
 from trainyard.app.states import Failure, error_record
@@ -75,6 +75,11 @@ def run_job(worker: Launcher, job: Job) -> None:
             settings.store.delete_prefix(settings.layout.rel(settings.layout.checkpoints(job.id)))
         except Exception as exc:
             log.warning("job %s: could not delete its checkpoints: %s", job.id, exc)
+    if settings.store.remote:  # what the run fetched and wrote stays here as a copy: keep the copies to their cap
+        try:
+            host_cache.evict(settings.store, settings.cache_bytes, settings.collect_grace_s)
+        except Exception as exc:
+            log.warning("job %s: this host's copies of bucket objects not evicted: %s", job.id, exc)
 
 
 def fetch_log(settings: Settings, job_id: int) -> None:

@@ -1,8 +1,9 @@
-"""The server's background duties: the lease reaper, the sweeps' driver and the failing of jobs whose
-dependencies will never succeed, each a thread of its own.
+"""The server's background duties: the lease reaper, the sweeps' driver, the failing of jobs whose
+dependencies will never succeed, and the storage collector (app/collector.py), each a thread of its own.
 
-Both run in every server process and do their work in one per host, the holder of a file lock
-(settings.layout's housekeeping and sweeps locks): `serve --workers N` starts N processes, and if the
+The reaper and the driver run in every server process and do their work in one per host, the holder of a file
+lock (settings.layout's housekeeping and sweeps locks); the collector runs in the process whose reaper holds
+the housekeeping lock: `serve --workers N` starts N processes, and if the
 holder dies the lock is free and another takes over. `Duties.start` is called when the app starts
 serving, `stop` when it shuts down.
 """
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
-from trainyard.app import dependents, queue, search
+from trainyard.app import collector, dependents, queue, search
 from trainyard.app.settings import Settings
 
 log = logging.getLogger("trainyard.api")
@@ -28,10 +29,13 @@ class Duties:
     def __init__(self, engine: Engine, settings: Settings):
         self.stopping = threading.Event()
         self.searcher = search.Searcher(engine, settings)
+        self.housekeeper = threading.Event()  # set once this process holds the housekeeping lock
         layout = settings.layout
         self.threads = [
-            threading.Thread(target=reap, args=(engine, settings.lease_s / 3, self.stopping, layout.housekeeping_lock),
-                             daemon=True, name="lease-reaper"),
+            threading.Thread(target=reap, args=(engine, settings.lease_s / 3, self.stopping, layout.housekeeping_lock,
+                                                self.housekeeper), daemon=True, name="lease-reaper"),
+            threading.Thread(target=collect, args=(engine, settings, self.stopping, self.housekeeper),
+                             daemon=True, name="collector"),
             threading.Thread(target=self.searcher.run, args=(self.stopping, layout.sweeps_lock),
                              daemon=True, name="sweeps"),
             threading.Thread(target=watch_dependencies, args=(engine, DEPENDENCY_PASS_S, self.stopping),
@@ -49,7 +53,7 @@ class Duties:
             thread.join(timeout=5)
 
 
-def reap(engine: Engine, every_s: float, stop: threading.Event, lock_path: Path) -> None:
+def reap(engine: Engine, every_s: float, stop: threading.Event, lock_path: Path, held_flag: threading.Event) -> None:
     """Requeue jobs whose worker vanished, even when no worker is left to notice.
 
     Workers run the same sweep in their housekeeping, on purpose: with several hosts, any live
@@ -66,6 +70,7 @@ def reap(engine: Engine, every_s: float, stop: threading.Event, lock_path: Path)
                 except BlockingIOError:
                     continue  # another server process of this host sweeps
                 held = True
+                held_flag.set()
                 log.info("lease reaper: server process %s sweeps for this host", os.getpid())
             try:
                 for job_id, state in queue.requeue_expired(engine):
@@ -82,3 +87,17 @@ def watch_dependencies(engine: Engine, every_s: float, stop: threading.Event) ->
                 log.info("job %s failed: a job it waits for will not succeed", job_id)
         except Exception:
             log.exception("dependencies")
+
+
+def collect(engine: Engine, settings: Settings, stop: threading.Event, housekeeper: threading.Event) -> None:
+    """A collector's pass every settings.collect_s, once this process is its host's housekeeper."""
+    while not stop.wait(settings.collect_s):
+        if not housekeeper.is_set():
+            continue
+        try:
+            report = collector.collect(engine, settings)
+            log.info("collector: %d objects (%d bytes) removed, %d jobs deleted, %d trials reclaimed in %.1f s",
+                     report.deleted_objects, report.deleted_bytes, report.jobs_deleted, report.trials_reclaimed,
+                     report.took_s)
+        except Exception:
+            log.exception("collector")

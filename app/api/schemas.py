@@ -99,6 +99,8 @@ class JobSummary(BaseModel):
     sweep: dict[str, Any] | None = Field(None, description="a sweep's trial: {id, trial, params} (the sweep, the "
                                                           "trial's number, the values it tries)")
     pinned: bool = Field(False, description="kept from deletion (POST /jobs/{id}/pin, /unpin)")
+    reclaimed: dict[str, Any] | None = Field(None, description="retention removed its files, keeping its row: "
+                                                              "{at, why} (a sweep's trial outside its keep_best)")
     summary: dict[str, Any] | None = Field(None, description="what a list shows of the spec: arch, dataset (train); "
                                                             "model_job and rows, or dataset and split (predict); "
                                                             "entrypoint (run)")
@@ -127,6 +129,7 @@ def job_fields(job: Job, waiting_for: str | None, include: tuple[str, ...] = HEA
         latest_metrics=job.latest_metrics, peak_memory_allocated=job.peak_memory_allocated,
         peak_memory_reserved=job.peak_memory_reserved, checkpoint_epoch=job.checkpoint_epoch,
         parameters=job.parameters, error=error, waiting_for=waiting_for, sweep=job.sweep, pinned=job.pinned,
+        reclaimed=job.reclaimed,
         summary=summary if summary is not None or job.spec is None else spec_summary(job.kind, job.spec))
     if "spec" in include:
         out["spec"] = job.spec

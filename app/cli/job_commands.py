@@ -41,7 +41,7 @@ def add_job_commands(add) -> None:
     for name, fn, help in (("status", by_id(lambda c, i: c.jobs.get(i), job_table), "show a job"),
                            ("cancel", by_id(lambda c, i: c.jobs.cancel(i), job_table), "cancel a job"),
                            ("retry", by_id(lambda c, i: c.jobs.retry(i), job_table),
-                            "requeue a failed or cancelled job"),
+                            "requeue a failed, cancelled or pruned job"),
                            ("delete", by_id(deleted, said_deleted("job")),
                             "delete an ended job: its metrics, model, checkpoints and log"),
                            ("pin", by_id(lambda c, i: c.jobs.pin(i), job_table), "keep a job from deletion"),

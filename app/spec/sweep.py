@@ -134,6 +134,9 @@ class SweepSpec(_Strict):
                                 "of good and bad settings guides the search")
     max_failed_trials: int = Field(5, ge=1, le=MAX_SWEEP_TRIALS, description="trials that fail (not pruned or "
                                    "cancelled) before the sweep gives up")
+    keep_best: int | None = Field(None, ge=0, le=MAX_SWEEP_TRIALS, description="once the sweep ends, only its "
+                                  "best k trials keep their files (model, checkpoints, log); 0 keeps every "
+                                  "trial's (default: TRAINYARD_SWEEP_KEEP_BEST)")
 
     @model_validator(mode="after")
     def _base_waits_for_nothing(self):
