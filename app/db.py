@@ -16,15 +16,20 @@ from sqlalchemy.types import Float as FloatType
 
 from trainyard.app import wakeup
 from trainyard.app.tables import (  # noqa: F401 (re-exported: the tables are imported from here)
+    audit,
     counters,
     job_deps,
     job_sweeps,
     jobs,
+    members,
     metadata,
     metrics,
+    projects,
     storage_usage,
     sweep_log,
     sweeps,
+    tokens,
+    users,
     workers,
 )
 

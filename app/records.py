@@ -50,6 +50,8 @@ class Job:
     sweep: dict[str, Any] | None = None
     pinned: bool = False         # kept from deletion (app/references.py)
     reclaimed: dict[str, Any] | None = None  # {"at", "why"}: retention removed its files (app/retention.py)
+    project_id: int | None = None  # its project and who submitted it (app/accounts.py); None: the admin's
+    owner: str | None = None
 
     @classmethod
     def from_row(cls, row) -> "Job":
@@ -94,6 +96,8 @@ class Sweep:
     spec: dict[str, Any] | None = None  # as submitted (validated then, never again); None: read without it
     driver: str | None = None    # the server process that advances it, until driver_until (database clock)
     driver_until: float | None = None
+    project_id: int | None = None  # as a job's
+    owner: str | None = None
 
     @classmethod
     def from_values(cls, m: dict[str, Any], summary: SweepPlan) -> "Sweep":

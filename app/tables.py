@@ -74,6 +74,9 @@ jobs = Table(
     # Set when retention removed the job's files but kept its row (a sweep trial outside the best k):
     # {"at": epoch seconds, "why": "..."}; its artifact_path and checkpoint are NULL from then on.
     Column("reclaimed", JSON),
+    # Who submitted it, in which project (app/accounts.py); NULL: the admin token, or a release before accounts.
+    Column("project_id", Integer, index=True),
+    Column("owner", String(100)),
     Index("ix_jobs_claim_order", "state", "priority", "id"),
     # Idle workers ask often whether anything fits their device: answer without scanning the queue.
     Index("ix_jobs_queued_device", "state", "device_req"),
@@ -143,6 +146,8 @@ sweeps = Table(
     # worker holds a job's lease: one driver at a time even when several hosts' servers run.
     Column("driver", String(200)),
     Column("driver_until", Float),
+    Column("project_id", Integer, index=True),
+    Column("owner", String(100)),
     sqlite_autoincrement=True,
 )
 
@@ -177,4 +182,59 @@ storage_usage = Table(
     Column("bytes", BigInteger, nullable=False),
     Column("objects", BigInteger, nullable=False),
     Column("measured_at", Float, nullable=False),
+)
+
+
+# Who is asking (app/accounts.py): users, in projects; each bearer token names one user and (but an admin's) one
+# project, and is stored as its SHA-256 only. A project's share weighs it in the fair share of devices, its limits
+# bound what it holds at once ({"devices", "gpu_memory_gb", "queued_jobs", "running_sweeps", "stored_bytes"}).
+projects = Table(
+    "projects", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(100), nullable=False, unique=True),
+    Column("share", Float, nullable=False, default=1.0),
+    Column("limits", JSON),
+    Column("created_at", Float, nullable=False),
+    sqlite_autoincrement=True,
+)
+
+users = Table(
+    "users", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(100), nullable=False, unique=True),
+    Column("admin", Boolean, nullable=False, default=False),
+    Column("created_at", Float, nullable=False),
+    sqlite_autoincrement=True,
+)
+
+members = Table(
+    "members", metadata,
+    Column("user_id", Integer, ForeignKey("users.id", ondelete="CASCADE"), primary_key=True),
+    Column("project_id", Integer, ForeignKey("projects.id", ondelete="CASCADE"), primary_key=True),
+)
+
+tokens = Table(
+    "tokens", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("digest", String(64), nullable=False, unique=True),
+    Column("user_id", Integer, ForeignKey("users.id", ondelete="CASCADE"), nullable=False, index=True),
+    Column("project_id", Integer, ForeignKey("projects.id", ondelete="CASCADE")),
+    Column("label", String(200)),
+    Column("created_at", Float, nullable=False),
+    Column("revoked_at", Float),
+    sqlite_autoincrement=True,
+)
+
+# Who did what, when, from where (app/audit.py): only ever appended to.
+audit = Table(
+    "audit", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", Float, nullable=False),
+    Column("actor", String(100), nullable=False),
+    Column("project", String(100)),
+    Column("action", String(32), nullable=False, index=True),
+    Column("target", String(200)),
+    Column("detail", JSON),
+    Column("client", String(100)),
+    sqlite_autoincrement=True,
 )
