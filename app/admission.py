@@ -215,6 +215,8 @@ class Check:
                 also = " or still be queued or running" if self.waits else ""
                 raise Invalid(f"{field} {job_id} is {job.state}; it must have succeeded{also}", loc=at)
             return self._pending(job.kind, job.spec, job_id, at)
+        if job.reclaimed and not job.artifact_path:
+            raise Invalid(f"{field} {job_id}'s model was removed by retention: {job.reclaimed.get('why')}", loc=at)
         if job.kind == "predict":
             raise Invalid(f"{field} {job_id} is a predict job, not a train job (or a run job that saved a model)",
                           loc=at)

@@ -5,7 +5,7 @@
         job = c.jobs.wait(c.jobs.submit(spec).id)
         c.jobs.download(job.id, "model.safetensors")
 
-One namespace per resource — c.jobs, c.sweeps, c.datasets, c.workers (app/client_resources.py) — with one
+One namespace per resource — c.jobs, c.sweeps, c.datasets, c.workers, c.storage (app/client_resources.py) — with one
 verb meaning one thing on each (submit, get, list, cancel, wait, events, ...). They answer records
 (app/client_models.py): the server's JSON as a dict, with typed attributes (job.state is job["state"]). An
 HTTP error raises APIError with its status code and the server's detail.
@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from trainyard.app.client_http import TERMINAL, APIError, Http, describe
-from trainyard.app.client_resources import Datasets, Jobs, Sweeps, Workers, deprecated
+from trainyard.app.client_resources import Datasets, Jobs, Storage, Sweeps, Workers, deprecated
 
 __all__ = ["TERMINAL", "APIError", "Client", "describe"]
 
@@ -63,6 +63,7 @@ class Client:
       wait(id, timeout=), events(id, last_event_id=), trials(id), curves(id, since=, limit=)
     - client.datasets: upload(path, label_column=), get(id), list(), delete(id)
     - client.workers: list(include_stopped=), drain(id), undrain(id)
+    - client.storage: get(), collect()
 
     and the service as a whole: devices(), catalog(), request(method, path, ...). They answer records
     (Job, Sweep, Dataset, Worker, Event; a list a Page of them); an error status raises APIError.
@@ -76,6 +77,7 @@ class Client:
         self.sweeps = Sweeps(self._http)
         self.datasets = Datasets(self._http)
         self.workers = Workers(self._http)
+        self.storage = Storage(self._http)
 
     def close(self) -> None:
         self._http.client.close()

@@ -1,5 +1,5 @@
-"""What the client answers: the server's JSON objects as typed records (Job, Sweep, Dataset, Worker, Event),
-pages of them (Page), and a read of a job's log (LogChunk).
+"""What the client answers: the server's JSON objects as typed records (Job, Sweep, Dataset, Worker, Event,
+StorageUsage, Collection), pages of them (Page), and a read of a job's log (LogChunk).
 
 A record is the JSON object as it came — a dict, so `job["state"]`, `json.dumps(job)` and `{**job}` work
 as they always did — with typed attributes for the fields a caller reads most (`job.state`). Every other
@@ -77,6 +77,26 @@ class Worker(Record):
     state = Field[str]("state")
     job_id = Field[int | None]("job_id")
     draining = Field[bool]("draining")
+
+
+class StorageUsage(Record):
+    """GET /storage: what the store holds, {kind: {"bytes", "objects"}}, as measured at measured_at (None
+    before the collector's first pass), and the retention rules (durations in seconds, 0 keeps for ever)."""
+    __slots__ = ()
+    store = Field[str]("store")
+    kinds = Field[dict[str, dict[str, int]]]("kinds")
+    measured_at = Field[str | None]("measured_at")
+    rules = Field[dict[str, Any]]("rules")
+
+
+class Collection(Record):
+    """POST /storage/collect: what one pass of the collector removed, and the store after it (`usage`, by kind)."""
+    __slots__ = ()
+    took_s = Field[float]("took_s")
+    deleted_objects = Field[int]("deleted_objects")
+    deleted_bytes = Field[int]("deleted_bytes")
+    usage = Field[dict[str, dict[str, int]]]("usage")
+    measured_at = Field[str | None]("measured_at")
 
 
 class Event(Record):

@@ -1,5 +1,5 @@
-"""The client's resource namespaces — client.jobs, client.sweeps, client.datasets, client.workers — one verb
-meaning one thing on each: submit, get, list, cancel, wait, events, then what only one resource has.
+"""The client's resource namespaces — client.jobs, client.sweeps, client.datasets, client.workers, client.storage —
+one verb meaning one thing on each: submit, get, list, cancel, wait, events, then what only one resource has.
 
 Calling a namespace itself (`client.sweeps()`, `client.workers()`, `client.datasets()`) is the old spelling
 of its list: it still answers what it did, with a DeprecationWarning naming the new call."""
@@ -15,7 +15,18 @@ from urllib.parse import quote
 import httpx
 
 from trainyard.app.client_http import Http, until_ended
-from trainyard.app.client_models import Dataset, Event, Job, LogChunk, Page, R, Sweep, Worker
+from trainyard.app.client_models import (
+    Collection,
+    Dataset,
+    Event,
+    Job,
+    LogChunk,
+    Page,
+    R,
+    StorageUsage,
+    Sweep,
+    Worker,
+)
 
 
 def deprecated(old: str, new: str) -> None:
@@ -220,6 +231,21 @@ class Workers(Resource[Worker]):
     def __call__(self) -> builtins.list[Worker]:
         deprecated("Client.workers()", "client.workers.list()")
         return self.list().data
+
+
+class Storage(Resource[StorageUsage]):
+    """client.storage: what the store holds by kind, and its collector (the retention rules, then the objects no
+    row references)."""
+    path, model = "/storage", StorageUsage
+
+    def get(self) -> StorageUsage:
+        """The store's bytes and objects by kind as the collector last measured them, and the retention rules."""
+        return self._one("GET")
+
+    def collect(self) -> Collection:
+        """Run the collector now (it also runs every TRAINYARD_COLLECT_S); what it removed, and the store after."""
+        # A pass lists the whole store: a large bucket's takes longer than a request's usual 30 s.
+        return Collection(self._http.json("POST", f"{self.path}/collect", timeout=httpx.Timeout(30, read=600)))
 
 
 def _given(params: dict[str, Any]) -> dict[str, Any]:

@@ -14,12 +14,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from sqlalchemy.engine import Engine
 
-from trainyard.app import counters, devices_payload, metrics_gauges
+from trainyard.app import collector, counters, devices_payload, metrics_gauges
 from trainyard.app.db import read
 from trainyard.app.spec import JOB_KINDS
 from trainyard.app.states import Failure
 
 Series = list[tuple[str, dict[str, str], float]]
+# The kinds of object the collector removes from the store (a host's cache is evicted, not collected).
+STORED_KINDS = tuple(k for k in collector.KINDS if k != "cache")
 
 # Each counter: its help, and its labels with the values known beforehand (shown at 0 until counted, so
 # that rate() sees the first event); a value counted beyond them (an older release's state) is shown too.
@@ -32,6 +34,10 @@ COUNTERS: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
                        "retryable failure", {"trigger": tuple(t.value for t in counters.Trigger)}),
     counters.PREEMPTIONS: ("Running jobs put back in the queue by their worker's shutdown", {}),
     counters.LEASE_EXPIRIES: ("Running jobs whose worker stopped renewing their lease (lost workers)", {}),
+    counters.COLLECTED: ("Stored objects the collector removed because no row referenced them any more (after the "
+                         "retention rules let go of them, or left by a crash)", {"kind": STORED_KINDS}),
+    counters.COLLECTED_BYTES: ("Bytes of the stored objects the collector removed", {"kind": STORED_KINDS}),
+    counters.COLLECTIONS: ("Passes of the collector (every TRAINYARD_COLLECT_S, and POST /storage/collect)", {}),
 }
 DURATION_LABELS = {"kind": JOB_KINDS, "state": counters.ENDINGS}
 

@@ -2,8 +2,8 @@
 
 A gauge may go down (a job leaves the queue, a row is deleted), so rows are the right source here; what
 happened (counters, the duration histogram) is app/counters.py's. Label values are bounded: a job's
-kind and state (the enums), the device it asked for, why it waits as a class (placement.Waiting), and
-the registered workers.
+kind and state (the enums), the device it asked for, why it waits as a class (placement.Waiting), the
+registered workers, and the store's kinds of object (collector.KINDS).
 """
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import case, func, select
 from sqlalchemy.engine import Connection, Engine
 
-from trainyard.app import dependencies, placement
+from trainyard.app import collector, dependencies, placement
 from trainyard.app import workers as registry
 from trainyard.app.db import jobs, read, sweeps
 from trainyard.app.records import Job
@@ -27,8 +27,9 @@ _PLACED = (jobs.c.device_req, jobs.c.devices, jobs.c.need_model, jobs.c.need_dat
 
 def read_rows(engine: Engine, stale_after_s: float) -> dict[str, Any]:
     """What the gauges show, in one read: jobs by kind and state, the queue, running jobs' speed, sweeps and
-    their trials, and the workers with the database's clock."""
+    their trials, the workers with the database's clock, and the store as the collector last measured it."""
     listed, now = registry.list_workers(engine)
+    storage = collector.usage(engine)
     with read(engine) as conn:
         by_state = conn.execute(select(jobs.c.kind, jobs.c.state, func.count())
                                 .group_by(jobs.c.kind, jobs.c.state)).all()
@@ -37,7 +38,7 @@ def read_rows(engine: Engine, stale_after_s: float) -> dict[str, Any]:
         sweep_states = conn.execute(select(sweeps.c.state, func.count()).group_by(sweeps.c.state)).all()
         return {"by_state": {(k, s): n for k, s, n in by_state}, "queue": _queue(conn, listed, now, stale_after_s),
                 "running": running, "sweeps": dict(sweep_states), "trials": _trials(conn),
-                "workers": listed, "now": now}
+                "workers": listed, "now": now, "storage": storage}
 
 
 def _queue(conn: Connection, listed: list[dict], now: float,
@@ -73,7 +74,7 @@ def _trials(conn: Connection) -> dict[str, int]:
 
 
 def families(st: dict[str, Any]) -> Iterator[Metric]:
-    """Jobs by state, the queue by device and reason, workers' heartbeat age, speeds, sweeps and trials."""
+    """Jobs by state, the queue by device and reason, workers' heartbeat age, speeds, sweeps and trials, storage."""
     by_state = GaugeMetricFamily("trainyard_jobs", "Jobs by kind and state", labels=["kind", "state"])
     for kind in JOB_KINDS:
         for state in JobState:
@@ -114,3 +115,16 @@ def families(st: dict[str, Any]) -> Iterator[Metric]:
     for trial_state, n in st["trials"].items():
         trials.add_metric([trial_state], n)
     yield trials
+    yield from _storage(st["storage"])
+
+
+def _storage(usage: list[collector.Usage]) -> Iterator[Metric]:
+    """Every kind, 0 before the collector's first pass: an alert on growth sees the series from the start."""
+    size = GaugeMetricFamily("trainyard_storage_bytes", "Bytes the store holds by kind of object, as the collector's "
+                             "last pass measured them (cache: this host's copies of bucket objects)", labels=["kind"])
+    count = GaugeMetricFamily("trainyard_storage_objects", "Objects the store holds by kind, as the collector's "
+                              "last pass counted them", labels=["kind"])
+    for u in usage:
+        size.add_metric([u.kind], u.bytes)
+        count.add_metric([u.kind], u.objects)
+    yield from (size, count)

@@ -283,6 +283,28 @@ def test_an_unavailable_gpu_worker_shows_why(live, watched):
     assert watched.errors == []
 
 
+def test_the_storage_panel_shows_every_kind_as_measured(live, watched):
+    job = live.wait_state(live.submit(tiny_job())["id"])
+    assert job["state"] == "succeeded"
+    page = watched.page
+    page.goto(live.url + "/")
+    expect(page.get_by_test_id("storage-panel")).to_contain_text("Storage")
+    with live.client() as c:
+        assert c.post("/storage/collect").status_code == 200
+        storage = c.get("/storage").json()
+    expect(page.get_by_test_id("storage-summary")).to_contain_text("measured ")
+    assert storage["kinds"]["artifacts"]["objects"] > 0
+    for kind, usage in storage["kinds"].items():
+        row = page.get_by_test_id(f"storage-{kind}")
+        expect(row).to_have_attribute("data-bytes", str(usage["bytes"]))
+        expect(row).to_have_attribute("data-objects", str(usage["objects"]))
+        expect(row).to_contain_text(kind)
+    expect(page.get_by_test_id("storage-artifacts")).to_contain_text("KiB")
+    assert list(storage["kinds"]) == page.get_by_test_id("storage-table").locator("tbody tr").evaluate_all(
+        "rows => rows.map(r => r.dataset.testid.slice('storage-'.length))")
+    assert watched.errors == []
+
+
 def test_token_is_asked_for_stored_and_sent(browser, tmp_path):
     svc = Service(tmp_path / "data", env={"TRAINYARD_API_TOKEN": "dash-s3cret"}).start_server()
     w = Watched(browser)

@@ -35,6 +35,7 @@ OPERATIONS = {
     ("get", "/devices"): "list_devices", ("get", "/metrics"): "prometheus_metrics", ("get", "/catalog"): "catalog",
     ("get", "/workers"): "list_workers", ("post", "/workers/{worker_id}/drain"): "drain_worker",
     ("post", "/workers/{worker_id}/undrain"): "undrain_worker", ("get", "/healthz"): "healthz",
+    ("get", "/storage"): "get_storage", ("post", "/storage/collect"): "collect_storage",
 }
 ERROR = {"$ref": "#/components/schemas/ErrorPublic"}
 

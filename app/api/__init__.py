@@ -12,7 +12,7 @@ from trainyard.app.api import background, errors, openapi
 from trainyard.app.api.deps import require_token
 from trainyard.app.api.guard import RequestGuard
 from trainyard.app.api.reads import LoopReader
-from trainyard.app.api.routes import dashboard, datasets, events, jobs, sweeps, system
+from trainyard.app.api.routes import dashboard, datasets, events, jobs, storage, sweeps, system
 from trainyard.app.api.schemas import UNAUTHORIZED
 from trainyard.app.api.streams import StreamSlots, SweepHub
 from trainyard.app.db import make_engine
@@ -73,6 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(events.router, dependencies=auth, responses=UNAUTHORIZED)
     app.include_router(datasets.make_router(settings), dependencies=auth, responses=UNAUTHORIZED)
     app.include_router(system.router, dependencies=auth, responses=UNAUTHORIZED)
+    app.include_router(storage.router, dependencies=auth, responses=UNAUTHORIZED)
     app.include_router(system.health_router)
     app.include_router(dashboard.router)  # the page holds no data: served without auth, its API calls carry the token
 

@@ -1,8 +1,9 @@
 """Wire types of the answers about the service and its reads that are built as plain values (GET /devices,
-/catalog, /healthz, /sweeps/{id}/curves): the routes serialise the values themselves, these models document
+/catalog, /healthz, /sweeps/{id}/curves, /storage): the routes serialise the values themselves, these models document
 them, so that a generated client gets typed objects (tests/test_openapi.py checks the real answers against
 them). Open objects (extra="allow") where an answer carries more than is listed: a plugin's own fields, an
 NVML reading's, a dataset's description."""
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -118,3 +119,44 @@ class CurvesPublic(BaseModel):
     next: int = Field(description="the `since` of the next page (and of the points recorded later)")
     more: bool = Field(description="points were left for the next page")
     trials: list[CurveTrial]
+
+
+class KindUsage(BaseModel):
+    bytes: int = Field(description="their size, in bytes")
+    objects: int = Field(description="how many objects (files) the store holds of this kind")
+
+
+class StorageRules(BaseModel):
+    """The retention settings (TRAINYARD_<NAME>, docs/configuration.md); durations in seconds, 0 keeps for ever."""
+    checkpoint_ttl_s: float = Field(description="failed, cancelled and pruned jobs' checkpoints, after they ended")
+    ended_job_ttl_s: float = Field(description="failed and cancelled jobs (not sweep trials), rows and files")
+    sweep_keep_best: int = Field(description="an ended sweep's trials that keep their files (its keep_best first)")
+    log_ttl_s: float = Field(description="ended jobs' logs")
+    export_ttl_s: float = Field(description="exported models (made again on request)")
+    cache_bytes: int = Field(description="each host's copies of bucket objects (a bucket store only)")
+    collect_s: float = Field(description="how often the collector runs")
+    collect_grace_s: float = Field(description="how young an object no row names must be to be spared")
+
+
+KINDS_TEXT = "by kind: artifacts, checkpoints, exports, logs, uploads (datasets), cache (this host's copies)"
+
+
+class StoragePublic(BaseModel):
+    store: str = Field(description="where the objects are: the data directory, or s3://bucket/prefix")
+    kinds: dict[str, KindUsage] = Field(description=f"what the collector's last pass measured, {KINDS_TEXT}")
+    measured_at: datetime | None = Field(description="when: null before the first pass")
+    rules: StorageRules
+
+
+class CollectionPublic(BaseModel):
+    """What one pass of the collector did (the retention rules, then the objects no row names), and the store
+    as it left it."""
+    took_s: float
+    deleted_objects: int = Field(description="objects no row names any more, removed")
+    deleted_bytes: int
+    checkpoints_dropped: int = Field(description="jobs whose checkpoint the rules let go")
+    jobs_deleted: int = Field(description="ended jobs past ended_job_ttl_s, deleted")
+    trials_reclaimed: int = Field(description="sweep trials outside their sweep's best, whose files went")
+    evicted_objects: int = Field(description="this host's copies of bucket objects evicted past cache_bytes")
+    usage: dict[str, KindUsage] = Field(description=f"the store after the pass, {KINDS_TEXT}")
+    measured_at: datetime | None

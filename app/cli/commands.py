@@ -1,12 +1,13 @@
 """Client commands, which talk to the API: their common options (--json, --url, --token) and their parsers,
 each group in its own module: job_commands.py (submit, jobs, status, watch, logs, result, metrics, cancel,
 retry, download, upload), fleet_commands.py (devices, workers, drain, undrain), sweep_commands.py (sweep, sweeps,
-sweep-status, sweep-watch, sweep-cancel)."""
+sweep-status, sweep-watch, sweep-cancel), storage_commands.py (storage, storage collect)."""
 import argparse
 
 from trainyard.app.cli.calls import Command, run
 from trainyard.app.cli.fleet_commands import add_fleet_commands
 from trainyard.app.cli.job_commands import add_job_commands
+from trainyard.app.cli.storage_commands import add_storage_commands
 from trainyard.app.cli.sweep_commands import add_sweep_commands
 
 
@@ -21,5 +22,5 @@ def add_commands(sub) -> None:
         sp.set_defaults(fn=lambda args: run(fn, args))
         return sp
 
-    for add_group in (add_job_commands, add_fleet_commands, add_sweep_commands):
+    for add_group in (add_job_commands, add_fleet_commands, add_sweep_commands, add_storage_commands):
         add_group(add)

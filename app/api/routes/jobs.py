@@ -208,7 +208,8 @@ def job_result(job_id: JobId, engine: EngineDep, settings: SettingsDep) -> Respo
                                             "exported with its input normalisation built in (onnx, pt2, torchscript)"},
                        **responses(not_found="no such job, or one without a model",
                                    conflict="the job has not succeeded, or its model cannot be rebuilt to export it",
-                                   gone="its files are gone"),
+                                   gone="its files are gone (a sweep trial's, removed by retention: the detail "
+                                        "says why)"),
                        503: {"description": "too many exports are waiting (TRAINYARD_EXPORT_QUEUE); see Retry-After"}})
 async def job_artifact(job_id: JobId, engine: EngineDep, settings: SettingsDep, request: Request,
                        format: Literal["safetensors", "pt", "meta", "onnx", "pt2", "torchscript"] = "safetensors"
@@ -219,6 +220,8 @@ async def job_artifact(job_id: JobId, engine: EngineDep, settings: SettingsDep, 
     job = await run_in_threadpool(job_reads.get_job, engine, job_id)
     if job.kind == "predict":
         raise NotFound(f"job {job_id} is a predict job; train jobs (and run jobs that save a model) have artifacts")
+    if job.state == JobState.SUCCEEDED and job.reclaimed and not job.artifact_path:  # app/retention.py
+        raise Gone(f"the model of job {job_id} was removed by retention: {job.reclaimed.get('why')}")
     if job.state != JobState.SUCCEEDED or not job.artifact_path:
         raise Conflict(f"job {job_id} is {job.state}; its artifact exists once it has succeeded")
     media = "application/json" if format == "meta" else "application/octet-stream"

@@ -438,12 +438,14 @@
   }
 
   async function refreshList(current) {
-    const [jobs, devices] = await Promise.all([api("/jobs?limit=100&include=result"), api("/devices")]);
+    const [jobs, devices, storage] = await Promise.all([api("/jobs?limit=100&include=result"), api("/devices"),
+                                                       api("/storage")]);
     if (!current()) return;
     syncRows($("jobs-body"), rows, jobs.data, makeRow, updateRow);
     $("jobs-empty").hidden = jobs.count > 0;
     setText($("jobs-count"), pageCount(jobs));
     renderDevices(devices);
+    renderStorage(storage);
   }
 
   // A list page's rows in the page's order, each kept (and updated in place) while its item is listed.
@@ -577,6 +579,25 @@
         el("h3", null, "GPU workers without a listed GPU"), workerList(h.other_workers)) : null,
       cpuCard(h.cpu, many ? h.host : null),
     ].filter(Boolean)));
+  }
+
+  // ---- storage ------------------------------------------------------------------------------------------
+
+  let storageKey = "";
+
+  /** What the store holds by kind (GET /storage: the collector's last measure, every TRAINYARD_COLLECT_S). */
+  function renderStorage(s) {
+    const key = JSON.stringify([s.kinds, s.measured_at, s.store]);
+    if (key === storageKey) return;
+    storageKey = key;
+    const summary = $("storage-summary");
+    setText(summary, s.measured_at ? `measured ${fmtTime(s.measured_at)}` : "not measured yet");
+    setAttr(summary, "title", s.store);
+    $("storage-body").replaceChildren(...Object.entries(s.kinds).map(([kind, u]) =>
+      el("tr", { "data-testid": `storage-${kind}`, "data-bytes": u.bytes, "data-objects": u.objects },
+        el("td", { text: kind === "cache" ? "cache (this host's copies)" : kind }),
+        el("td", { class: "num", title: `${u.bytes} bytes`, text: fmtBytes(u.bytes) }),
+        el("td", { class: "num", text: String(u.objects) }))));
   }
 
   // ---- one job -------------------------------------------------------------------------------------------

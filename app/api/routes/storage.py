@@ -1,0 +1,46 @@
+"""Routes about what the store holds: GET /storage (the collector's last measure and the retention rules) and
+POST /storage/collect (a pass of the collector now, app/collector.py)."""
+from datetime import datetime
+
+from fastapi import APIRouter
+
+from trainyard.app import collector
+from trainyard.app.api.deps import EngineDep, SettingsDep
+from trainyard.app.api.schemas import ts
+from trainyard.app.api.schemas_service import CollectionPublic, KindUsage, StoragePublic, StorageRules
+from trainyard.app.settings import Settings
+
+router = APIRouter(prefix="/storage", tags=["storage"])
+
+
+@router.get("", response_model=StoragePublic, operation_id="get_storage")
+def get_storage(engine: EngineDep, settings: SettingsDep) -> StoragePublic:
+    """What the store holds by kind, as the collector's last pass measured it (it runs every
+    TRAINYARD_COLLECT_S, or on POST /storage/collect), and the retention rules it applies."""
+    usage = collector.usage(engine)
+    return StoragePublic(store=settings.store.describe(), kinds=kinds(usage), measured_at=measured_at(usage),
+                         rules=rules(settings))
+
+
+# A plain def: a pass lists the whole store and deletes, so it runs in the thread pool.
+@router.post("/collect", response_model=CollectionPublic, operation_id="collect_storage")
+def collect_storage(engine: EngineDep, settings: SettingsDep) -> CollectionPublic:
+    """Run the collector now: apply the retention rules, remove every object no row references (older than
+    TRAINYARD_COLLECT_GRACE_S), and measure the store. Safe beside the periodic pass and running jobs."""
+    report = collector.collect(engine, settings)
+    return CollectionPublic(**{**report.as_dict(), "usage": kinds(report.usage)},
+                            measured_at=measured_at(report.usage))
+
+
+def kinds(usage: list[collector.Usage]) -> dict[str, KindUsage]:
+    """{kind: its bytes and objects}, in collector.KINDS' order, every kind there (0 where unmeasured)."""
+    got = {u.kind: KindUsage(bytes=u.bytes, objects=u.objects) for u in usage}
+    return {kind: got.get(kind, KindUsage(bytes=0, objects=0)) for kind in collector.KINDS}
+
+
+def measured_at(usage: list[collector.Usage]) -> datetime | None:
+    return ts(max((u.measured_at for u in usage if u.measured_at is not None), default=None))
+
+
+def rules(settings: Settings) -> StorageRules:
+    return StorageRules(**{name: getattr(settings, name) for name in StorageRules.model_fields})
