@@ -1,4 +1,5 @@
-"""Dependencies shared by the routes: settings, the engine (and its loop reader), and the bearer-token check."""
+"""Dependencies shared by the routes: settings, the engine (and its loop reader), and who is asking (the bearer
+token's principal)."""
 import secrets
 from typing import Annotated
 
@@ -6,6 +7,8 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.engine import Engine
 
+from trainyard.app import accounts
+from trainyard.app.accounts import Principal
 from trainyard.app.api.reads import LoopReader
 from trainyard.app.settings import Settings
 
@@ -24,21 +27,46 @@ async def get_reader(request: Request) -> LoopReader:
     return request.app.state.reader
 
 
+# The dashboard's session: the token it signed in with, in an HttpOnly cookie its script cannot read
+# (app/api/routes/dashboard.py sets it). Read only when no Authorization header is sent.
+COOKIE = "trainyard_token"
 # Declared as an OpenAPI security scheme: /docs gets an Authorize button, generated clients a token.
-bearer = HTTPBearer(auto_error=False, description="TRAINYARD_API_TOKEN, when the server has one")
+bearer = HTTPBearer(auto_error=False, description="a user's token (tyk_...), or TRAINYARD_API_TOKEN, the admin's")
 
 
 async def require_token(request: Request,
-                        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+                        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
+    """Who the request acts as (app/accounts.py): TRAINYARD_API_TOKEN is the admin; a user's token, its user in its
+    project; with no TRAINYARD_API_TOKEN, a request without a user's token is the admin, as before accounts (the
+    server then answers loopback only). Anything else: 401. FastAPI computes it once per request, so a route that
+    asks for WhoDep gets the router's answer."""
     token = request.app.state.settings.api_token
-    if not token:
-        return
-    given = credentials.credentials.strip() if credentials is not None else ""
-    if not secrets.compare_digest(given.encode(), token.encode()):
-        raise HTTPException(401, "missing or wrong bearer token (Authorization: Bearer $TRAINYARD_API_TOKEN)",
-                            headers={"WWW-Authenticate": "Bearer"})
+    given = credentials.credentials.strip() if credentials is not None else request.cookies.get(COOKIE, "")
+    if token and secrets.compare_digest(given.encode(), token.encode()):
+        return accounts.ADMIN
+    if given.startswith(accounts.PREFIX):
+        who = await request.app.state.reader.run(lambda engine: accounts.authenticate(engine, given))
+        if who is not None:
+            return who
+    elif not token:
+        return accounts.ADMIN
+    raise HTTPException(401, "missing, wrong or revoked bearer token (Authorization: Bearer <your token>, or "
+                             "$TRAINYARD_API_TOKEN)", headers={"WWW-Authenticate": "Bearer"})
+
+
+async def require_admin(who: Annotated[Principal, Depends(require_token)]) -> Principal:
+    """Admins only (accounts, the audit record, draining workers): anyone else gets 403."""
+    if not who.admin:
+        raise HTTPException(403, f"user {who.user!r} is not an admin")
+    return who
+
+
+def client_address(request: Request) -> str | None:
+    return request.client.host if request.client else None
 
 
 SettingsDep = Annotated[Settings, Depends(app_settings)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 ReaderDep = Annotated[LoopReader, Depends(get_reader)]
+WhoDep = Annotated[Principal, Depends(require_token)]
+AdminDep = Annotated[Principal, Depends(require_admin)]
