@@ -8,8 +8,9 @@ from fastapi.concurrency import run_in_threadpool
 from trainyard.app import deletion, sweep_reads, sweep_store
 from trainyard.app.api.deps import EngineDep, SettingsDep
 from trainyard.app.api.routes.jobs import as_json
-from trainyard.app.api.schemas import SweepPublic, SweepsPublic, TrialPublic, responses, sweep_fields
+from trainyard.app.api.schemas import responses
 from trainyard.app.api.schemas_service import CurvesPublic
+from trainyard.app.api.schemas_sweeps import SweepPublic, SweepsPublic, TrialPublic, sweep_fields
 from trainyard.app.errors import Conflict
 from trainyard.app.records import Sweep
 from trainyard.app.spec import MAX_ID, TRAIN_EXAMPLE, SweepSpec
