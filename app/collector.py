@@ -26,7 +26,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from trainyard.app import counters, host_cache, retention
@@ -147,8 +148,11 @@ def collect(engine: Engine, settings: Settings, shift_s: float = 0.0) -> Report:
     gone = {e.key for e in doomed}
     usage = _measure([e for e in listing if e.key not in gone], store)
     with write(engine) as conn:
-        conn.execute(delete(storage_usage))
-        conn.execute(insert(storage_usage), [asdict(u) for u in usage])
+        # An upsert: two passes at once (two hosts' collectors, or POST /storage/collect beside one) both write.
+        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+        stmt = dialect.insert(storage_usage).values([asdict(u) for u in usage])
+        conn.execute(stmt.on_conflict_do_update(index_elements=[storage_usage.c.kind], set_={
+            c: stmt.excluded[c] for c in ("bytes", "objects", "measured_at")}))
         counters.add(conn, counters.collected([(kind_of(e.key) or "", e.size) for e in doomed]))
     return Report(time.monotonic() - started, len(doomed), sum(e.size for e in doomed), applied.checkpoints_dropped,
                   applied.jobs_deleted, applied.trials_reclaimed, len(evicted), usage)
