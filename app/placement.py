@@ -20,9 +20,10 @@ from typing import Any
 from sqlalchemy import and_, exists, false, func, or_, select, true
 from sqlalchemy.engine import Connection
 
-from trainyard.app import dependencies, device_names
+from trainyard.app import dependencies, device_names, fair_share
 from trainyard.app.db import db_now, jobs, workers
 from trainyard.app.records import Job
+from trainyard.app.settings import get_settings
 from trainyard.app.states import WORKER_UNAVAILABLE as UNAVAILABLE
 from trainyard.app.states import JobState
 
@@ -58,6 +59,7 @@ def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str |
     else:
         needs.append(or_(jobs.c.need_gpu_memory.is_(None), jobs.c.need_gpu_memory + slot.headroom <= slot.budget))
     needs.append(dependencies.ready())
+    needs.append(fair_share.limited())
     return and_(jobs.c.state == QUEUED, jobs.c.device_req.in_(device_names.accepted_by(device)), *needs)
 
 
@@ -125,12 +127,13 @@ def fits_now(slot: Slot | None):
     return or_(and_(jobs.c.need_gpu_memory.is_(None), ~exists().where(on_device)), shares)
 
 
-def head(device, plugins, worker_id, slot):
-    """The job at the head of this worker's line. Jobs are placed in priority order, without backfill:
-    a head that does not fit yet is waited for (devices free up), so a large job behind a stream of
-    small ones waits at most for the jobs running when it reached the head."""
+def head(device, plugins, worker_id, slot, fair):
+    """The job at the head of this worker's line: the project furthest under its fair share first (`fair`:
+    app/fair_share.py's rank), then priority, then age. Jobs are placed in that order without backfill: a head
+    that does not fit yet is waited for (devices free up), so a large job behind a stream of small ones waits
+    at most for the jobs running when it reached the head."""
     return (select(jobs.c.id).where(eligible(device, plugins, worker_id, slot))
-            .order_by(jobs.c.priority.desc(), jobs.c.id).limit(1)
+            .order_by(fair, jobs.c.priority.desc(), jobs.c.id).limit(1)
             .with_for_update(skip_locked=True).scalar_subquery())
 
 
@@ -138,8 +141,9 @@ def startable(conn: Connection, device: str, plugins: dict[str, list[str]] | Non
               slot: Slot | None, lease_s: float, lock: bool) -> tuple[int, list[dict]] | None:
     """The job at the head of this worker's line, if it can start now, and the other ranks it would
     borrow (none for a one-device job). A head that cannot start holds the worker back (no backfill)."""
+    fair = fair_share.rank(conn, get_settings().fair_share_half_life_s)
     first = conn.execute(select(jobs.c.id, jobs.c.devices).where(
-        jobs.c.id == head(device, plugins, worker_id, slot), fits_now(slot))).first()
+        jobs.c.id == head(device, plugins, worker_id, slot, fair), fits_now(slot))).first()
     if first is None:
         return None
     if slot is not None and device != "cpu" and slot.key in lent_gpus(conn):

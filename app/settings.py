@@ -105,6 +105,9 @@ class Settings(BaseSettings):
     collect_s: float = Field(600.0, gt=0)
     collect_grace_s: float = Field(600.0, ge=0)
 
+    # Fair share between projects (app/fair_share.py): a run's device time counts half after this long.
+    fair_share_half_life_s: float = Field(4 * 3600.0, gt=0)
+
     # The name this machine goes by in /devices, /workers and /metrics (default: its hostname). In a
     # container the hostname is the container's: set it to the machine's name, the same for the API
     # and the workers of one machine, so that their GPUs are seen as one host's.

@@ -1,0 +1,79 @@
+"""Fair share between projects and their device limits at the claim (app/fair_share.py, app/placement.py), on
+both databases: the project with the least recent device time for its share is served first, whatever the
+priorities and ages of other projects' jobs; device time fades by half each half-life; a project at its
+`devices` limit is skipped and its jobs say why."""
+import time
+
+from sqlalchemy import update
+
+from tests.conftest import tiny_job
+from trainyard.app import accounts, fair_share, queue
+from trainyard.app.db import jobs, read, write
+from trainyard.app.job_reads import get_job
+from trainyard.app.spec import parse_spec
+from trainyard.app.submit import enqueue
+
+HOUR = 3600.0
+
+
+def queued(engine, project_id: int | None, priority: int = 0) -> int:
+    job_id = enqueue(engine, parse_spec({**tiny_job(), "priority": priority}))[0].id
+    with write(engine) as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(project_id=project_id))
+    return job_id
+
+
+def ran(engine, project_id: int, seconds: float, ended_ago: float | None = None, devices: int = 1) -> None:
+    """A job of the project that ran `seconds` on `devices`, ending `ended_ago` seconds ago (None: still runs)."""
+    job_id = queued(engine, project_id)
+    now = time.time()
+    end = None if ended_ago is None else now - ended_ago
+    with write(engine) as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(
+            state="running" if end is None else "succeeded", devices=devices,
+            started_at=(end or now) - seconds, finished_at=end))
+
+
+def two_projects(engine) -> tuple[int, int]:
+    return accounts.add_project(engine, "alpha")["id"], accounts.add_project(engine, "beta")["id"]
+
+
+def test_the_project_under_its_share_is_served_first(engine):
+    alpha, beta = two_projects(engine)
+    ran(engine, alpha, 600, ended_ago=60)
+    first = queued(engine, alpha, priority=10)  # older and higher priority, but alpha has had the device
+    second = queued(engine, beta)
+    assert queue.claim(engine, "w1", "cpu", 30).id == second
+    assert queue.claim(engine, "w2", "cpu", 30).id == first
+
+
+def test_shares_weigh_device_time_and_it_fades_by_half_each_half_life(engine):
+    alpha, beta = two_projects(engine)
+    accounts.set_project(engine, "alpha", share=4.0)
+    ran(engine, alpha, 1000, ended_ago=0)   # 1000 / 4 = 250
+    ran(engine, beta, 400, ended_ago=0)     # 400 / 1
+    a, b = queued(engine, alpha), queued(engine, beta)
+    assert queue.claim(engine, "w1", "cpu", 30).id == a
+    with read(engine) as conn:
+        used, _ = fair_share.usage(conn, HOUR)
+    assert abs(used[beta] - 400) < 5
+    ran(engine, beta, 800, ended_ago=2 * HOUR)  # counts 200 now
+    with read(engine) as conn:
+        used, _ = fair_share.usage(conn, HOUR)
+    assert abs(used[beta] - 600) < 5
+    assert queue.claim(engine, "w2", "cpu", 30).id == b
+
+
+def test_a_project_alone_uses_every_device_and_one_at_its_limit_waits(engine):
+    alpha, beta = two_projects(engine)
+    accounts.set_project(engine, "alpha", limits={"devices": 1})
+    a1, a2 = queued(engine, alpha), queued(engine, alpha)
+    assert queue.claim(engine, "w1", "cpu", 30).id == a1
+    assert queue.claim(engine, "w2", "cpu", 30) is None  # alpha holds its one device
+    with read(engine) as conn:
+        why = fair_share.at_limit(conn, [get_job(engine, a2)])
+    assert "project alpha is at its limit of 1 device in use at once" in why[a2]
+    b1, b2 = queued(engine, beta), queued(engine, beta)
+    assert {queue.claim(engine, "w2", "cpu", 30).id, queue.claim(engine, "w3", "cpu", 30).id} == {b1, b2}
+    queue.succeed(engine, a1, 1, {}, None)
+    assert queue.claim(engine, "w1", "cpu", 30).id == a2
