@@ -305,30 +305,35 @@ def test_the_storage_panel_shows_every_kind_as_measured(live, watched):
     assert watched.errors == []
 
 
-def test_token_is_asked_for_stored_and_sent(browser, tmp_path):
+def test_the_page_signs_in_with_a_cookie_and_its_script_never_sends_the_token(browser, tmp_path):
+    """The page asks for the token, posts it to /session (an HttpOnly cookie: tests/test_dashboard_signin.py), and
+    from then on the browser sends the cookie: no Authorization header, nothing in local storage."""
     svc = Service(tmp_path / "data", env={"TRAINYARD_API_TOKEN": "dash-s3cret"}).start_server()
     w = Watched(browser)
     try:
         job = svc.submit(tiny_job())  # no worker: it stays queued
         page = w.page
         assert page.goto(svc.url + "/").status == 200  # the page itself needs no token
-        token = page.get_by_label("API token")
+        token = page.get_by_label("Token")
         expect(token).to_be_visible()
         token.fill("wrong")
-        page.get_by_role("button", name="Save token").click()
+        page.get_by_role("button", name="Sign in").click()
         expect(page.get_by_test_id("token-error")).to_contain_text("refused")
         token.fill("dash-s3cret")
-        page.get_by_role("button", name="Save token").click()
+        page.get_by_role("button", name="Sign in").click()
         expect(state_cell(page, job["id"])).to_have_text("queued")
         expect(token).to_be_hidden()
-        sent = [r.all_headers().get("authorization") for r in w.requests
-                if r.url.endswith("/jobs?limit=100&include=result")]
-        assert sent[-1] == "Bearer dash-s3cret"
+        listed = [r for r in w.requests if r.url.endswith("/jobs?limit=100&include=result")]
+        assert "authorization" not in listed[-1].all_headers()
+        assert "trainyard_token=dash-s3cret" in listed[-1].all_headers()["cookie"]
+        assert "dash-s3cret" not in page.evaluate("document.cookie + JSON.stringify(Object.entries(localStorage))")
 
-        page.reload()  # kept in localStorage
+        page.reload()  # the cookie outlives the page
         expect(state_cell(page, job["id"])).to_have_text("queued")
         expect(token).to_be_hidden()
-        # The only console errors are the browser's own notes of the 401s before the token was given.
+        page.get_by_role("button", name="Sign out").click()
+        expect(token).to_be_visible()
+        # The only console errors are the browser's own notes of the 401s before signing in and after signing out.
         assert w.errors and all("401" in e for e in w.errors), w.errors
     finally:
         w.close()

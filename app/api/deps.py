@@ -34,21 +34,27 @@ COOKIE = "trainyard_token"
 bearer = HTTPBearer(auto_error=False, description="a user's token (tyk_...), or TRAINYARD_API_TOKEN, the admin's")
 
 
+async def known_principal(request: Request, token: str) -> Principal | None:
+    """Whom a token names on this server: TRAINYARD_API_TOKEN is the admin, a user's live token its user in its
+    project (one fresh read through the loop reader); anything else None."""
+    configured = request.app.state.settings.api_token
+    if configured and secrets.compare_digest(token.encode(), configured.encode()):
+        return accounts.ADMIN
+    if token.startswith(accounts.PREFIX):
+        return await request.app.state.reader.run(lambda engine: accounts.authenticate(engine, token))
+    return None
+
+
 async def require_token(request: Request,
                         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
-    """Who the request acts as (app/accounts.py): TRAINYARD_API_TOKEN is the admin; a user's token, its user in its
-    project; with no TRAINYARD_API_TOKEN, a request without a user's token is the admin, as before accounts (the
-    server then answers loopback only). Anything else: 401. FastAPI computes it once per request, so a route that
-    asks for WhoDep gets the router's answer."""
-    token = request.app.state.settings.api_token
+    """Who the request acts as (app/accounts.py): the token's principal; with no TRAINYARD_API_TOKEN, a request
+    without a user's token is the admin, as before accounts (the server then answers loopback only). Anything
+    else: 401. FastAPI computes it once per request, so a route that asks for WhoDep gets the router's answer."""
     given = credentials.credentials.strip() if credentials is not None else request.cookies.get(COOKIE, "")
-    if token and secrets.compare_digest(given.encode(), token.encode()):
-        return accounts.ADMIN
-    if given.startswith(accounts.PREFIX):
-        who = await request.app.state.reader.run(lambda engine: accounts.authenticate(engine, given))
-        if who is not None:
-            return who
-    elif not token:
+    who = await known_principal(request, given)
+    if who is not None:
+        return who
+    if not request.app.state.settings.api_token and not given.startswith(accounts.PREFIX):
         return accounts.ADMIN
     raise HTTPException(401, "missing, wrong or revoked bearer token (Authorization: Bearer <your token>, or "
                              "$TRAINYARD_API_TOKEN)", headers={"WWW-Authenticate": "Bearer"})

@@ -1,12 +1,21 @@
-"""The web dashboard: one static page at `/` and its script and stylesheet, no build step.
+"""The web dashboard: one static page at `/`, its script and stylesheet (no build step), and its session.
 
-The page and its assets are served without auth (a browser cannot send a bearer token when it
-navigates); they hold no data. Every API call the page makes carries the token it asks for.
+The page and its assets are served without auth (a browser cannot send a bearer token when it navigates); they
+hold no data. The page signs in by posting a token to /session, which keeps it in an HttpOnly cookie (deps.COOKIE)
+that no script can read; the browser sends it with every API call of the page, and deps.require_token reads it
+when no Authorization header is sent. Signing in changes state, so the request guard (app/api/guard.py) refuses
+it from other web origins: no other site can sign a browser in, as anyone.
 """
+import json
 from pathlib import Path
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import FileResponse
+from pydantic import BaseModel, Field, ValidationError
+
+from trainyard.app.api.deps import COOKIE, known_principal
+from trainyard.app.api.schemas import ErrorPublic
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 # An explicit list: nothing a client sends becomes a path.
@@ -16,8 +25,24 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 HEADERS = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff", "Content-Security-Policy": CSP,
            "Referrer-Policy": "no-referrer"}
+# How long a browser keeps the cookie. The token itself is checked on every request, so a revoked one is refused
+# at once whatever the cookie's age.
+SESSION_MAX_AGE_S = 30 * 24 * 3600
+# Browsers drop a cookie over 4096 bytes; no token of ours comes near.
+TOKEN_MAX = 2000
+REFUSED = "this token is not one of this server's (wrong, revoked, or its user is no longer in its project)"
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter()
+
+
+class SessionIn(BaseModel):
+    token: str = Field(min_length=1, max_length=TOKEN_MAX,
+                       description="a user's token (tyk_...), or TRAINYARD_API_TOKEN, the admin's")
+
+
+SESSION_BODY = {"required": True, "content": {
+    media: {"schema": SessionIn.model_json_schema()} for media in ("application/json",
+                                                                   "application/x-www-form-urlencoded")}}
 
 
 @router.get("/", include_in_schema=False)
@@ -30,3 +55,42 @@ def asset(name: str) -> FileResponse:
     if name not in ASSETS:
         raise HTTPException(404, "not found")
     return FileResponse(STATIC_DIR / name, media_type=ASSETS[name], headers=HEADERS)
+
+
+async def given_token(request: Request) -> str:
+    """The token of a sign-in, from a JSON body or a form's (`token`); 422 when neither holds one."""
+    try:
+        if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+            async with request.form(max_files=0, max_fields=4) as form:
+                raw: Any = {k: v for k, v in form.items() if isinstance(v, str)}
+        else:
+            raw = json.loads(await request.body() or b"null")
+        return SessionIn.model_validate(raw).token.strip()
+    except (ValueError, ValidationError) as e:  # JSONDecodeError is a ValueError
+        raise HTTPException(422, "send {\"token\": \"<your token>\"} as JSON, or a form with a `token` field") from e
+
+
+@router.post("/session", tags=["session"], operation_id="sign_in", status_code=204, response_class=Response,
+             openapi_extra={"requestBody": SESSION_BODY},
+             responses={204: {"description": "signed in: the cookie is set"},
+                        401: {"model": ErrorPublic, "description": REFUSED},
+                        422: {"model": ErrorPublic, "description": "no token in the body"}})
+async def sign_in(request: Request, token: Annotated[str, Depends(given_token)]) -> Response:
+    """Sign a browser in: the token is kept in an HttpOnly cookie (SameSite=Strict; Secure over https) that the
+    browser sends with each request, in place of an Authorization header. For the dashboard; other clients send
+    the header."""
+    if await known_principal(request, token) is None:
+        raise HTTPException(401, REFUSED, headers={"WWW-Authenticate": "Bearer"})
+    response = Response(status_code=204, headers={"Cache-Control": "no-store"})
+    response.set_cookie(COOKIE, token, max_age=SESSION_MAX_AGE_S, path="/", secure=request.url.scheme == "https",
+                        httponly=True, samesite="strict")
+    return response
+
+
+@router.delete("/session", tags=["session"], operation_id="sign_out", status_code=204, response_class=Response,
+               responses={204: {"description": "signed out: the cookie is cleared"}})
+async def sign_out(request: Request) -> Response:
+    """Sign a browser out: its session cookie is cleared (the token itself stays valid until revoked)."""
+    response = Response(status_code=204, headers={"Cache-Control": "no-store"})
+    response.delete_cookie(COOKIE, path="/", secure=request.url.scheme == "https", httponly=True, samesite="strict")
+    return response

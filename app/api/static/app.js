@@ -2,7 +2,6 @@
 "use strict";
 (() => {
   const POLL_MS = 1000;
-  const TOKEN_KEY = "trainyard.token";
   const TERMINAL = new Set(["succeeded", "failed", "cancelled", "pruned"]);
   const CANCELLABLE = new Set(["queued", "running"]);
   // A pruned trial's retry runs it to its end (from its last checkpoint), outside its sweep's search.
@@ -131,7 +130,9 @@
     setAttr(node, "data-state", state);
   }
 
-  // ---- API access, with the bearer token ---------------------------------------------------------
+  // ---- API access -----------------------------------------------------------------------------------
+  // The token is never in this script: signing in posts it to /session, which keeps it in an HttpOnly cookie
+  // that the browser sends with each call below (and that no script, ours or an injected one, can read).
 
   class Unauthorized extends Error {}
   class ApiError extends Error {
@@ -141,27 +142,16 @@
     }
   }
 
-  function loadToken() {
-    try { return localStorage.getItem(TOKEN_KEY) || ""; } catch (e) { return ""; }
-  }
-
-  function storeToken(value) {
-    try {
-      if (value) localStorage.setItem(TOKEN_KEY, value);
-      else localStorage.removeItem(TOKEN_KEY);
-    } catch (e) { /* storage disabled: the token lives for this page only */ }
-  }
-
-  let token = loadToken();
+  // Earlier versions kept the token in local storage: it goes, now that the cookie holds it.
+  try { localStorage.removeItem("trainyard.token"); } catch (e) { /* storage disabled: nothing kept */ }
 
   /** The response's body; with options.withHeaders, {body, headers}. */
   async function api(path, options = {}) {
     const { withHeaders, ...init } = options;
     const headers = { Accept: "application/json", ...(init.headers || {}) };
-    if (token) headers.Authorization = `Bearer ${token}`;
     // Relative to the page (not "/jobs"), so that the dashboard also works behind a proxy under a path prefix.
-    const r = await fetch(path.replace(/^\//, ""), { ...init, headers, cache: "no-store", credentials: "omit" });
-    if (r.status === 401) throw new Unauthorized("the API wants a bearer token");
+    const r = await fetch(path.replace(/^\//, ""), { ...init, headers, cache: "no-store", credentials: "same-origin" });
+    if (r.status === 401) throw new Unauthorized("the API wants a token");
     if (!r.ok) {
       let detail = r.statusText;
       try {
@@ -210,10 +200,12 @@
         else if (r.view === "sweeps") await refreshSweeps(current);
         else await refreshList(current);
         if (current()) setStatus("live", "ok");
+        if (current() && !whoAsked) showWho();
       }
     } catch (e) {
       if (e instanceof Unauthorized) {
-        showAuth();
+        // Refused after the page was in: the token was revoked, or its user left its project.
+        showAuth(whoAsked ? "This browser's token was refused (revoked?): sign in again." : "");
         return;
       }
       if (current()) setStatus(e instanceof ApiError ? `error ${e.message}` : "server unreachable, retrying", "bad");
@@ -244,45 +236,73 @@
     if (!document.hidden) tick();
   });
 
-  // ---- the token -----------------------------------------------------------------------------------
+  // ---- signing in and out ---------------------------------------------------------------------------
 
-  function showAuth() {
+  let whoAsked = false;
+
+  function showAuth(refused) {
     authNeeded = true;
     clearTimeout(timer);
     $("auth").hidden = false;
     $("main").hidden = true;
+    $("session").hidden = true;
     const err = $("token-error");
-    err.hidden = !token;
-    setText(err, token ? "The stored token was refused. Enter the current one." : "");
-    setStatus("token needed", "bad");
+    err.hidden = !refused;
+    setText(err, refused || "");
+    setStatus("sign-in needed", "bad");
     $("token-input").focus();
   }
 
-  function hideAuth() {
-    authNeeded = false;
-    $("auth").hidden = true;
-    $("main").hidden = false;
+  /** Who the page acts as (GET /me): the user, and the project whose jobs it shows. */
+  async function showWho() {
+    whoAsked = true;
+    $("session").hidden = false;
+    let me = null;
+    try {
+      me = await api("/me");
+    } catch (e) {
+      // A server without /me (or a passing failure): the page works on, without a name to show.
+    }
+    const who = $("who");
+    who.hidden = !me;
+    if (!me) return;
+    const where = me.project ? `project ${me.project}` : me.admin ? "all projects" : "";
+    setText(who, [me.user, me.admin ? "(admin)" : "", where ? `· ${where}` : ""].filter(Boolean).join(" "));
+    setAttr(who, "data-user", me.user);
+    setAttr(who, "data-project", me.project || "");
   }
 
-  $("token-form").addEventListener("submit", (ev) => {
+  $("token-form").addEventListener("submit", async (ev) => {
     ev.preventDefault();
-    const value = $("token-input").value.trim();
-    if (!value) return;
-    token = value;
-    storeToken(value);
-    $("token-input").value = "";
-    $("token-forget").hidden = false;
-    hideAuth();
-    tick();
+    const input = $("token-input");
+    // The token goes from the field to the request's body and nowhere else: the field is emptied at once.
+    const body = JSON.stringify({ token: input.value.trim() });
+    input.value = "";
+    const submit = $("token-submit");
+    submit.disabled = true;
+    try {
+      await api("/session", { method: "POST", headers: { "Content-Type": "application/json" }, body });
+    } catch (e) {
+      const refused = e instanceof Unauthorized || (e instanceof ApiError && e.status === 422);
+      showAuth(refused ? "That token was refused: it is wrong, revoked, or no longer in its project."
+                       : `Could not sign in: ${e.message}`);
+      return;
+    } finally {
+      submit.disabled = false;
+    }
+    // A fresh page: nothing of an earlier session's views is kept.
+    location.reload();
   });
 
-  $("token-forget").addEventListener("click", () => {
-    token = "";
-    storeToken("");
-    $("token-forget").hidden = true;
-    tick();
+  $("sign-out").addEventListener("click", async () => {
+    try {
+      await api("/session", { method: "DELETE" });
+    } catch (e) {
+      setStatus(`could not sign out: ${e.message}`, "bad");
+      return;
+    }
+    location.reload();
   });
-  $("token-forget").hidden = !token;
 
   // ---- cancel, retry, pin and delete ---------------------------------------------------------------
 
@@ -439,13 +459,24 @@
 
   async function refreshList(current) {
     const [jobs, devices, storage] = await Promise.all([api("/jobs?limit=100&include=result"), api("/devices"),
-                                                       api("/storage")]);
+                                                       ifAllowed(api("/storage"))]);
     if (!current()) return;
     syncRows($("jobs-body"), rows, jobs.data, makeRow, updateRow);
     $("jobs-empty").hidden = jobs.count > 0;
     setText($("jobs-count"), pageCount(jobs));
     renderDevices(devices);
-    renderStorage(storage);
+    $("storage-panel").hidden = storage === null;
+    if (storage !== null) renderStorage(storage);
+  }
+
+  /** The answer, or null where this user may not read it (403: an admin's panel). */
+  async function ifAllowed(answer) {
+    try {
+      return await answer;
+    } catch (e) {
+      if (e instanceof ApiError && e.status === 403) return null;
+      throw e;
+    }
   }
 
   // A list page's rows in the page's order, each kept (and updated in place) while its item is listed.
