@@ -17,9 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, delete, insert, select, update
+from sqlalchemy import and_, delete, false, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
 
 from trainyard.app.db import members, projects, read, tokens, users, write
 from trainyard.app.errors import Conflict, Invalid, NotFound
@@ -43,6 +44,15 @@ class Principal:
 
 
 ADMIN = Principal(ROOT, True)
+
+
+def project_rows(table, who: Principal | None) -> ColumnElement[bool] | None:
+    """The condition on a table of rows with a project_id (jobs, sweeps) that keeps those `who` may see; None:
+    every row (an admin, or None: the service itself). Never `== None`: SQLAlchemy would make it IS NULL, the
+    rows from before accounts, which only admins see."""
+    if who is None or who.admin:
+        return None
+    return false() if who.project_id is None else table.c.project_id == who.project_id
 
 
 def digest(token: str) -> str:

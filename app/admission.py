@@ -15,10 +15,13 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 
-from trainyard.app import dependencies, job_reads, model_size, placement, plugins, uploads
+from trainyard.app import dependencies, fair_share, model_size, placement, uploads, visibility
 from trainyard.app import workers as registry
+from trainyard.app.accounts import Principal
+from trainyard.app.db import read
 from trainyard.app.errors import Invalid, NotFound
 from trainyard.app.layout import ARTIFACT_FILES
+from trainyard.app.plugin_catalog import known_plugins, plugin_catalog  # noqa: F401 - GET /catalog reads it here
 from trainyard.app.records import Job
 from trainyard.app.settings import Settings
 from trainyard.app.spec import (
@@ -43,40 +46,14 @@ class Admitted:
     needs: dict[str, str] = field(default_factory=dict)     # plugin kind -> name the claiming worker must have
 
 
-def plugin_catalog(engine: Engine, settings: Settings) -> list[dict]:
-    """Every plugin installed on this server or on a live worker: kind, name, distribution, version and
-    `installed_on` ("this server", worker ids)."""
-    found: dict[tuple[str, str], dict] = {}
-
-    def add(detail: dict, where: str) -> None:
-        entry = found.setdefault((detail["kind"], detail["name"]), {**detail, "installed_on": []})
-        entry["installed_on"].append(where)
-
-    for p in plugins.describe(plugins.offered(settings.plugins)):
-        add(p, "this server")
-    workers, now = registry.list_workers(engine)
-    for w in workers:
-        if registry.worker_state(w, now, settings.lease_s) in registry.LIVE:
-            for p in (w.get("stats") or {}).get("plugin_details") or []:
-                add(p, w["id"])
-    return [{k: v for k, v in e.items() if k != "value"} for _, e in sorted(found.items())]
-
-
-def known_plugins(engine: Engine, settings: Settings) -> dict[str, dict[str, list[str]]]:
-    """kind -> name -> where it is installed, among this server and the live workers."""
-    known: dict[str, dict[str, list[str]]] = {kind: {} for kind in plugins.GROUPS}
-    for p in plugin_catalog(engine, settings):
-        known.setdefault(p["kind"], {})[p["name"]] = p["installed_on"]
-    return known
-
-
 class Check:
     """One submission's admission: the plugins it may name are read once. waits: the job may wait for jobs
-    (a job's submit; a sweep's trials may not); batch: the batch's jobs before this one (it is at len(batch))."""
+    (a job's submit; a sweep's trials may not); batch: the batch's jobs before this one (it is at len(batch));
+    who: whom it is submitted as (a job of another project does not exist for them; None: no one's, all exist)."""
 
     def __init__(self, engine: Engine, settings: Settings, waits: bool = False,
-                 batch: list[TrainJob | PredictJob | RunJob] | None = None):
-        self.engine, self.settings, self.waits, self.batch = engine, settings, waits, batch
+                 batch: list[TrainJob | PredictJob | RunJob] | None = None, who: Principal | None = None):
+        self.engine, self.settings, self.waits, self.batch, self.who = engine, settings, waits, batch, who
         self._known: dict | None = None
 
     def after(self, spec: TrainJob | PredictJob | RunJob) -> None:
@@ -86,7 +63,7 @@ class Check:
                 dependencies.batch_position(ref, None if self.batch is None else len(self.batch), at)
                 continue
             try:
-                job = job_reads.get_job(self.engine, ref)
+                job = visibility.job_for(self.engine, self.who, ref)
             except NotFound:
                 raise Invalid(f"after: job {ref} does not exist", loc=at) from None
             if job.state in dependencies.NEVER:
@@ -115,7 +92,7 @@ class Check:
             return tuple(data.image_size), data.num_classes
         if data.dataset.startswith(UPLOAD_PREFIX):
             try:
-                meta = uploads.get(self.settings.store, data.dataset[len(UPLOAD_PREFIX):])
+                meta = uploads.get(self.settings.store, data.dataset[len(UPLOAD_PREFIX):], who=self.who)
             except NotFound:
                 raise Invalid(f"dataset {data.dataset!r} does not exist (GET /datasets lists the uploads)",
                               loc=loc) from None
@@ -198,7 +175,7 @@ class Check:
         a train job's arch and model; nothing of a run job's, or of a running sweep's best trial."""
         at = (field,)
         if isinstance(job_id, str) and job_id.startswith("sweep:"):
-            best = dependencies.sweep_at_submit(self.engine, job_id, at, self.waits)
+            best = dependencies.sweep_at_submit(self.engine, job_id, at, self.waits, self.who)
             if best is None:  # the sweep runs: its trials' fields vary, so its best is checked by the worker
                 return {}
             job_id = best
@@ -207,7 +184,7 @@ class Check:
             pending = (self.batch or [])[n]
             return self._pending(pending.kind, pending.model_dump(mode="json"), job_id, at)
         try:
-            job = job_reads.get_job(self.engine, job_id)
+            job = visibility.job_for(self.engine, self.who, job_id)
         except NotFound:
             raise Invalid(f"{field} {job_id} does not exist", loc=at) from None
         if job.state != JobState.SUCCEEDED:
@@ -264,9 +241,10 @@ _WHAT = {"models": "architecture", "datasets": "dataset", "entrypoints": "entryp
 
 
 def admit(engine: Engine, settings: Settings, spec: TrainJob | PredictJob | RunJob, waits: bool = False,
-          batch: list[TrainJob | PredictJob | RunJob] | None = None) -> Admitted:
-    """waits: the job may wait for jobs (its submit; not a sweep's); batch: the batch's jobs before it."""
-    check = Check(engine, settings, waits, batch)
+          batch: list[TrainJob | PredictJob | RunJob] | None = None, who: Principal | None = None) -> Admitted:
+    """waits: the job may wait for jobs (its submit; not a sweep's); batch: the batch's jobs before it; who: the
+    submitter, who sees only its project's jobs (None: the service itself)."""
+    check = Check(engine, settings, waits, batch, who)
     if isinstance(spec, TrainJob):
         return check.train(spec)
     if isinstance(spec, PredictJob):
@@ -274,12 +252,13 @@ def admit(engine: Engine, settings: Settings, spec: TrainJob | PredictJob | RunJ
     return check.run(spec)
 
 
-def admit_batch(engine: Engine, settings: Settings, specs: list[TrainJob | PredictJob | RunJob]) -> list[Admitted]:
+def admit_batch(engine: Engine, settings: Settings, specs: list[TrainJob | PredictJob | RunJob],
+                who: Principal | None = None) -> list[Admitted]:
     """Each job of a batch (POST /jobs/batch); a field at fault is named within the list ([1, "model_job"])."""
     found = []
     for i, spec in enumerate(specs):
         try:
-            found.append(admit(engine, settings, spec, waits=True, batch=specs[:i]))
+            found.append(admit(engine, settings, spec, waits=True, batch=specs[:i], who=who))
         except Invalid as e:
             raise Invalid(str(e), loc=(i, *(e.loc or ()))) from None
     return found
@@ -294,5 +273,7 @@ def why_waiting(engine: Engine, settings: Settings, found: list[Job]) -> dict[in
     listed, now = registry.list_workers(engine)
     live = registry.still_placing(listed, now, settings.lease_s)
     unmet = dependencies.unmet(engine, [j.id for j in queued])
-    return {j.id: dependencies.waiting_for(unmet[j.id]) if j.id in unmet else placement.why_waiting(j, live)
-            for j in queued}
+    with read(engine) as conn:
+        limited = fair_share.at_limit(conn, queued)
+    return {j.id: dependencies.waiting_for(unmet[j.id]) if j.id in unmet
+            else placement.why_waiting(j, live) or limited.get(j.id) for j in queued}

@@ -5,7 +5,8 @@
         job = c.jobs.wait(c.jobs.submit(spec).id)
         c.jobs.download(job.id, "model.safetensors")
 
-One namespace per resource — c.jobs, c.sweeps, c.datasets, c.workers, c.storage (app/client_resources.py) — with one
+One namespace per resource — c.jobs, c.sweeps, c.datasets, c.workers, c.storage (app/client_resources.py), and
+c.admin for admins (app/client_admin.py) — with one
 verb meaning one thing on each (submit, get, list, cancel, wait, events, ...). They answer records
 (app/client_models.py): the server's JSON as a dict, with typed attributes (job.state is job["state"]). An
 HTTP error raises APIError with its status code and the server's detail.
@@ -22,7 +23,9 @@ from typing import Any
 
 import httpx
 
+from trainyard.app.client_admin import Admin
 from trainyard.app.client_http import TERMINAL, APIError, Http, describe
+from trainyard.app.client_models import Me
 from trainyard.app.client_resources import Datasets, Jobs, Storage, Sweeps, Workers, deprecated
 
 __all__ = ["TERMINAL", "APIError", "Client", "describe"]
@@ -64,8 +67,11 @@ class Client:
     - client.datasets: upload(path, label_column=), get(id), list(), delete(id)
     - client.workers: list(include_stopped=), drain(id), undrain(id)
     - client.storage: get(), collect()
+    - client.admin (admins' tokens): users(), add_user(name, admin=), projects(), add_project(name, share=,
+      limits=), set_project(name, share=, limits=), add_member(project, user), remove_member(project, user),
+      issue_token(user, project=, label=), revoke_token(id), audit(limit=, before=, action=, actor=)
 
-    and the service as a whole: devices(), catalog(), request(method, path, ...). They answer records
+    and the service as a whole: me(), devices(), catalog(), request(method, path, ...). They answer records
     (Job, Sweep, Dataset, Worker, Event; a list a Page of them); an error status raises APIError.
     """
 
@@ -78,6 +84,7 @@ class Client:
         self.datasets = Datasets(self._http)
         self.workers = Workers(self._http)
         self.storage = Storage(self._http)
+        self.admin = Admin(self._http)
 
     def close(self) -> None:
         self._http.client.close()
@@ -93,6 +100,10 @@ class Client:
         return self._http.request(method, path, **kw)
 
     # -- the service as a whole: not resources, so not in a namespace --------------------------------
+
+    def me(self) -> Me:
+        """Who the token acts as: {user, admin, project} (GET /me)."""
+        return Me(self._http.json("GET", "/me"))
 
     def devices(self) -> dict[str, Any]:
         """CUDA and its versions, each GPU with its workers, the CPU and its workers (GET /devices)."""

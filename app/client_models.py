@@ -1,5 +1,6 @@
 """What the client answers: the server's JSON objects as typed records (Job, Sweep, Dataset, Worker, Event,
-StorageUsage, Collection), pages of them (Page), and a read of a job's log (LogChunk).
+StorageUsage, Collection; User, Project, IssuedToken, AuditEntry, Me), pages of them (Page), and a read of a
+job's log (LogChunk).
 
 A record is the JSON object as it came — a dict, so `job["state"]`, `json.dumps(job)` and `{**job}` work
 as they always did — with typed attributes for the fields a caller reads most (`job.state`). Every other
@@ -97,6 +98,54 @@ class Collection(Record):
     deleted_bytes = Field[int]("deleted_bytes")
     usage = Field[dict[str, dict[str, int]]]("usage")
     measured_at = Field[str | None]("measured_at")
+
+
+class User(Record):
+    """A user (client.admin.users()): their projects and live tokens (ids and labels, never the tokens)."""
+    __slots__ = ()
+    id = Field[int]("id")
+    name = Field[str]("name")
+    admin = Field[bool]("admin")
+    projects = Field[list[str]]("projects")
+    tokens = Field[list[dict[str, Any]]]("tokens")
+
+
+class Project(Record):
+    """A project (client.admin.projects()): its share, limits and members."""
+    __slots__ = ()
+    id = Field[int]("id")
+    name = Field[str]("name")
+    share = Field[float]("share")
+    limits = Field[dict[str, Any]]("limits")
+    members = Field[list[str]]("members")
+
+
+class IssuedToken(Record):
+    """A token just issued: `token` is shown this once (the server keeps only its digest)."""
+    __slots__ = ()
+    id = Field[int]("id")
+    token = Field[str]("token")
+    user = Field[str]("user")
+    project = Field[str | None]("project")
+
+
+class AuditEntry(Record):
+    """One entry of the audit record: who (actor, in project) did what (action, target) when, from where."""
+    __slots__ = ()
+    id = Field[int]("id")
+    at = Field[str]("at")
+    actor = Field[str]("actor")
+    action = Field[str]("action")
+    target = Field[str | None]("target")
+    client = Field[str | None]("client")
+
+
+class Me(Record):
+    """Who the client's token acts as (client.me())."""
+    __slots__ = ()
+    user = Field[str]("user")
+    admin = Field[bool]("admin")
+    project = Field[str | None]("project")
 
 
 class Event(Record):

@@ -14,6 +14,7 @@ from sqlalchemy import and_, delete, exists, insert, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from trainyard.app import sweep_reads, sweep_results
+from trainyard.app.accounts import Principal
 from trainyard.app.db import job_deps, job_sweeps, jobs, read, sweeps
 from trainyard.app.errors import Invalid, NotFound
 from trainyard.app.spec import PredictJob, RunJob, TrainJob
@@ -154,12 +155,13 @@ def best_of(engine: Engine, sweep_id: int) -> int | None:
     return None if best is None else best.id
 
 
-def sweep_at_submit(engine: Engine, ref: str, at: tuple, waits: bool = True) -> int | None:
+def sweep_at_submit(engine: Engine, ref: str, at: tuple, waits: bool = True, who: Principal | None = None
+                    ) -> int | None:
     """A "sweep:<id>:best" at submit: its best trial's id once the sweep has ended, None while it runs (the job
-    waits); a 422 for a sweep that does not exist, one that ended with no best trial, or one still running
-    where the job may not wait (a sweep's base job)."""
+    waits); a 422 for a sweep that does not exist (or that `who` may not see: another project's), one that ended
+    with no best trial, or one still running where the job may not wait (a sweep's base job)."""
     try:
-        state = sweep_reads.get_summary(engine, sweep_of(ref)).state
+        state = sweep_reads.get_summary(engine, sweep_of(ref), who).state
         best = None if state == SweepState.RUNNING else best_of(engine, sweep_of(ref))
     except NotFound:
         raise Invalid(f"{at[0]} {ref}: sweep {sweep_of(ref)} does not exist", loc=at) from None

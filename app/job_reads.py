@@ -6,6 +6,7 @@ import json
 
 from sqlalchemy import JSON, Text, and_, bindparam, cast, func, select
 from sqlalchemy.engine import Engine
+from sqlalchemy.sql.elements import ColumnElement
 
 from trainyard.app.db import jobs, metrics, read
 from trainyard.app.errors import NotFound
@@ -31,13 +32,17 @@ def get_job(engine: Engine, job_id: int) -> Job:
 
 def list_jobs(engine: Engine, state: str | None = None, kind: str | None = None,
               limit: int = 50, offset: int = 0, leave_out: tuple[str, ...] = (),
-              sweep_id: int | None = None, max_bytes: int | None = None) -> tuple[list[Job], int]:
+              sweep_id: int | None = None, max_bytes: int | None = None,
+              scope: ColumnElement[bool] | None = None) -> tuple[list[Job], int]:
     """A page of jobs, newest first, and how many match. Columns in leave_out are not read (None in the records).
+    scope: a condition every row listed and counted meets (app/visibility.py's job_scope: a project's jobs).
     With max_bytes the page ends before the row that would take its rows' stored JSON past it (the first
     row is always kept), so it may hold fewer than `limit` though more match: its rows are read a few at
     a time, their JSON as text, and parsed only once kept, so a page costs about max_bytes whatever the
     rows hold (a hundred predict jobs' specs were 250 MB)."""
     conds = [] if sweep_id is None else [jobs.c.sweep_id == sweep_id]
+    if scope is not None:
+        conds.append(scope)
     if state:
         conds.append(jobs.c.state == state)
     if kind:

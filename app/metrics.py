@@ -5,6 +5,10 @@ Nothing is counted in the server's memory: with several servers (or a restart) e
 server tells the same story. Counters and the histogram are the counters table, added to in the
 transaction of each event (app/counters.py), so they only ever go up whatever happens to the jobs'
 rows; gauges are read from the current rows (app/metrics_gauges.py).
+
+What a scrape shows depends on who asks: an admin (or a server without accounts) gets everything; a user
+gets the gauges of their project's rows and the fleet's worker and device gauges (no job ids in those),
+but no counters, the duration histogram or the store's gauges: those are not kept per project.
 """
 import itertools
 import math
@@ -15,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from sqlalchemy.engine import Engine
 
 from trainyard.app import collector, counters, devices_payload, metrics_gauges
+from trainyard.app.accounts import Principal
 from trainyard.app.db import read
 from trainyard.app.spec import JOB_KINDS
 from trainyard.app.states import Failure
@@ -43,16 +48,18 @@ DURATION_LABELS = {"kind": JOB_KINDS, "state": counters.ENDINGS}
 
 
 class _Collector:
-    def __init__(self, engine: Engine, stale_after_s: float, node: str | None = None):
+    def __init__(self, engine: Engine, stale_after_s: float, node: str | None = None, who: Principal | None = None):
         self.engine = engine
         self.stale_after_s = stale_after_s
         self.node = node
+        self.who = who
 
     def collect(self) -> Iterator[Metric]:
-        with read(self.engine) as conn:
-            series = list(counters.read(conn))
-        yield from counter_families(series)
-        yield from metrics_gauges.families(metrics_gauges.read_rows(self.engine, self.stale_after_s))
+        if self.who is None or self.who.admin:
+            with read(self.engine) as conn:
+                series = list(counters.read(conn))
+            yield from counter_families(series)
+        yield from metrics_gauges.families(metrics_gauges.read_rows(self.engine, self.stale_after_s, self.who))
         yield from _device_families(devices_payload.snapshot(self.engine, self.stale_after_s, self.node))
 
 
@@ -129,9 +136,11 @@ def _device_families(payload: dict) -> Iterator[Metric]:
     yield from (alive, used, total, allocated, reserved)
 
 
-def registry(engine: Engine, stale_after_s: float, node: str | None = None) -> CollectorRegistry:
+def registry(engine: Engine, stale_after_s: float, node: str | None = None,
+             who: Principal | None = None) -> CollectorRegistry:
+    """What /metrics renders for `who` (None: everything, as an admin sees it)."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(_Collector(engine, stale_after_s, node))
+    reg.register(_Collector(engine, stale_after_s, node, who))
     return reg
 
 

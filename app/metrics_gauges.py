@@ -4,16 +4,20 @@ A gauge may go down (a job leaves the queue, a row is deleted), so rows are the 
 happened (counters, the duration histogram) is app/counters.py's. Label values are bounded: a job's
 kind and state (the enums), the device it asked for, why it waits as a class (placement.Waiting), the
 registered workers, and the store's kinds of object (collector.KINDS).
+
+A user who is not an admin gets the gauges of their project's rows only (jobs, the queue, running jobs'
+speed, sweeps and trials) and the fleet's workers, but not the store's (it is not kept per project).
 """
 from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
-from sqlalchemy import case, func, select
+from sqlalchemy import ColumnElement, case, func, select, true
 from sqlalchemy.engine import Connection, Engine
 
 from trainyard.app import collector, dependencies, placement
 from trainyard.app import workers as registry
+from trainyard.app.accounts import Principal, project_rows
 from trainyard.app.db import jobs, read, sweeps
 from trainyard.app.records import Job
 from trainyard.app.spec import JOB_KINDS
@@ -25,29 +29,40 @@ _PLACED = (jobs.c.device_req, jobs.c.devices, jobs.c.need_model, jobs.c.need_dat
            jobs.c.need_gpu_memory)
 
 
-def read_rows(engine: Engine, stale_after_s: float) -> dict[str, Any]:
+def seen_by(table, who: Principal | None) -> ColumnElement[bool]:
+    """The rows of jobs or sweeps `who` sees (all: an admin, or no one named), as a WHERE clause."""
+    found = project_rows(table, who)
+    return true() if found is None else found
+
+
+def read_rows(engine: Engine, stale_after_s: float, who: Principal | None = None) -> dict[str, Any]:
     """What the gauges show, in one read: jobs by kind and state, the queue, running jobs' speed, sweeps and
-    their trials, the workers with the database's clock, and the store as the collector last measured it."""
+    their trials (those `who` sees), the workers with the database's clock, and the store as the collector last
+    measured it (None for a user who is not an admin)."""
     listed, now = registry.list_workers(engine)
-    storage = collector.usage(engine)
+    storage = collector.usage(engine) if who is None or who.admin else None
+    mine = seen_by(jobs, who)
     with read(engine) as conn:
-        by_state = conn.execute(select(jobs.c.kind, jobs.c.state, func.count())
+        by_state = conn.execute(select(jobs.c.kind, jobs.c.state, func.count()).where(mine)
                                 .group_by(jobs.c.kind, jobs.c.state)).all()
         running = conn.execute(select(jobs.c.id, jobs.c.device, jobs.c.latest_metrics)
-                               .where(jobs.c.state == JobState.RUNNING)).all()
-        sweep_states = conn.execute(select(sweeps.c.state, func.count()).group_by(sweeps.c.state)).all()
-        return {"by_state": {(k, s): n for k, s, n in by_state}, "queue": _queue(conn, listed, now, stale_after_s),
-                "running": running, "sweeps": dict(sweep_states), "trials": _trials(conn),
-                "workers": listed, "now": now, "storage": storage}
+                               .where(jobs.c.state == JobState.RUNNING, mine)).all()
+        sweep_states = conn.execute(select(sweeps.c.state, func.count()).where(seen_by(sweeps, who))
+                                    .group_by(sweeps.c.state)).all()
+        return {"by_state": {(k, s): n for k, s, n in by_state},
+                "queue": _queue(conn, listed, now, stale_after_s, mine), "running": running,
+                "sweeps": dict(sweep_states), "trials": _trials(conn, mine), "workers": listed, "now": now,
+                "storage": storage}
 
 
-def _queue(conn: Connection, listed: list[dict], now: float,
-           stale_after_s: float) -> dict[tuple[str, str], list[float]]:
+def _queue(conn: Connection, listed: list[dict], now: float, stale_after_s: float,
+           mine: ColumnElement[bool]) -> dict[tuple[str, str], list[float]]:
     """(device asked for, why it waits) -> [queued jobs, the oldest one's seconds in the queue]."""
     since = func.min(func.coalesce(jobs.c.queued_at, jobs.c.created_at)).label("since")
     blocked = case((dependencies.ready(), False), else_=True).label("blocked")
     groups = conn.execute(select(*_PLACED, blocked, func.count().label("n"), since)
-                          .where(jobs.c.state == JobState.QUEUED).group_by(*_PLACED, blocked)).all()
+                          .where(jobs.c.state == JobState.QUEUED, mine)
+                          .group_by(*_PLACED, blocked)).all()
     live = registry.still_placing(listed, now, stale_after_s)
     out: dict[tuple[str, str], list[float]] = {}
     for group in groups:
@@ -60,11 +75,11 @@ def _queue(conn: Connection, listed: list[dict], now: float,
     return out
 
 
-def _trials(conn: Connection) -> dict[str, int]:
+def _trials(conn: Connection, mine: ColumnElement[bool]) -> dict[str, int]:
     """Sweeps' trials by state; a trial a release before the pruned state failed as pruned counts as pruned."""
-    trials = conn.execute(select(jobs.c.state, func.count()).where(jobs.c.sweep_id.is_not(None))
+    trials = conn.execute(select(jobs.c.state, func.count()).where(jobs.c.sweep_id.is_not(None), mine)
                           .group_by(jobs.c.state)).all()
-    failed = conn.execute(select(jobs.c.error).where(jobs.c.sweep_id.is_not(None),
+    failed = conn.execute(select(jobs.c.error).where(jobs.c.sweep_id.is_not(None), mine,
                                                      jobs.c.state == JobState.FAILED)).scalars().all()
     counts = dict.fromkeys(COUNT_KEYS, 0) | {s: n for s, n in trials}
     legacy = sum((e or {}).get("class") == Failure.PRUNED for e in failed)
@@ -115,7 +130,8 @@ def families(st: dict[str, Any]) -> Iterator[Metric]:
     for trial_state, n in st["trials"].items():
         trials.add_metric([trial_state], n)
     yield trials
-    yield from _storage(st["storage"])
+    if st["storage"] is not None:
+        yield from _storage(st["storage"])
 
 
 def _storage(usage: list[collector.Usage]) -> Iterator[Metric]:

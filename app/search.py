@@ -26,6 +26,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from trainyard.app import admission, sweep_reads, sweep_store, wakeup
+from trainyard.app.accounts import Principal
 from trainyard.app.errors import Invalid
 from trainyard.app.records import Job
 from trainyard.app.settings import Settings
@@ -64,6 +65,7 @@ class Drive:
     running: set[int] = field(default_factory=set)  # the trials the study has running, as of the last pass
     seen: tuple | None = None  # its running trials' jobs as they stood (sweep_reads.watch) when a pass last
     #                            left nothing to do
+    who: Principal | None = None  # whom its trials are admitted as: its owner (sweep_reads.owner_of)
 
     def watched(self) -> list[int]:
         """The jobs of its running trials: the ones whose change gives it something to do."""
@@ -182,7 +184,8 @@ class Searcher:
         failed = sum(counts_as_failed(found.get(t.number)) for t in trials if t.state == TrialState.FAIL)
         return Drive(spec, dists, values, study, {n: j.id for n, j in found.items()}, failed, row.trial_count,
                      row.error is not None, max((j.id for j in listed), default=0),
-                     {t.number for t in trials if t.state == TrialState.RUNNING})
+                     {t.number for t in trials if t.state == TrialState.RUNNING},
+                     who=sweep_reads.owner_of(self.engine, row))
 
     def advance(self, sweep_id: int, d: Drive) -> bool:
         """Follow the sweep's running trials, then ask for more up to max_concurrent, or end it. True: nothing
@@ -246,7 +249,7 @@ class Searcher:
             self.end(sweep_id, SweepState.FAILED, f"trial {number} ({json.dumps(params)[:500]}): {e}")
             return None
         try:
-            admitted = admission.admit(self.engine, self.settings, job)
+            admitted = admission.admit(self.engine, self.settings, job, who=d.who)
         except Invalid as e:
             # The fleet refuses it now (no live worker has the plugin it needs, say): the trial waits,
             # asked but without a job, and the sweep says why until a later pass inserts it.

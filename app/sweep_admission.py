@@ -7,6 +7,7 @@ from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 
 from trainyard.app import admission
+from trainyard.app.accounts import Principal
 from trainyard.app.errors import Invalid
 from trainyard.app.settings import Settings
 from trainyard.app.spec import (
@@ -31,10 +32,10 @@ ADMIT_VALUES = 8
 ADMIT_CALLS = 32
 
 
-def admit(engine: Engine, settings: Settings, spec: SweepSpec) -> None:
+def admit(engine: Engine, settings: Settings, spec: SweepSpec, who: Principal | None = None) -> None:
     """Refuse a sweep that cannot run (Invalid), naming the field: each path must be a field of the base job,
     ranges only on numbers, and every value checked, and the base job itself, must make a job the spec and
-    the fleet accept."""
+    the fleet accept, as `who` submits it (a model job or an upload of another project does not exist)."""
     _admit_choices(spec)
     kind, base = spec.job.kind, spec.job.model_dump(mode="json")
     admitted = min(ADMIT_VALUES, max(1, ADMIT_CALLS // len(spec.parameters)))  # values per parameter
@@ -50,13 +51,13 @@ def admit(engine: Engine, settings: Settings, spec: SweepSpec) -> None:
             raise Invalid(f"{path} is not a number: a range (type {p.type}) needs a numeric field; "
                           "give its values with type choice", loc=(*at, "type"))
         values = p.values if isinstance(p, ChoiceParam) else [p.low, p.high]
-        _admit_values(engine, settings, base, path, values, admitted)
+        _admit_values(engine, settings, base, path, values, admitted, who)
     if kind == "train" and spec.metric not in TRAIN_SWEEP_METRICS:
         raise Invalid(f"a train job reports {', '.join(TRAIN_SWEEP_METRICS)}; not {spec.metric!r}", loc=("metric",))
     if spec.method == "grid":
         _admit_grid(spec)
     try:
-        admission.admit(engine, settings, spec.job)
+        admission.admit(engine, settings, spec.job, who=who)
     except Invalid as e:
         raise Invalid(str(e), loc=("job", *(e.loc or ()))) from None
 
@@ -71,14 +72,15 @@ def _admit_choices(spec: SweepSpec) -> None:
                       loc=("parameters",))
 
 
-def _admit_values(engine: Engine, settings: Settings, base: dict, path: str, values: list, admitted: int) -> None:
-    """Each value makes a job the spec accepts; the first `admitted`, one the fleet accepts."""
+def _admit_values(engine: Engine, settings: Settings, base: dict, path: str, values: list, admitted: int,
+                  who: Principal | None) -> None:
+    """Each value makes a job the spec accepts; the first `admitted`, one the fleet accepts (as `who`)."""
     at = ("parameters", path)
     for i, value in enumerate(values):
         job = _trial_job(base, {path: value}, at)
         if i < admitted:
             try:
-                admission.admit(engine, settings, job)
+                admission.admit(engine, settings, job, who=who)
             except Invalid as e:
                 raise Invalid(str(e), loc=at) from None
 

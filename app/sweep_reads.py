@@ -1,11 +1,15 @@
 """Reading sweeps: one (with its spec, or its summary instead), a page of them, the running ones, their trial
-jobs, and what the driver watches of them. Nothing here writes (app/sweep_store.py does)."""
+jobs, and what the driver watches of them. Nothing here writes (app/sweep_store.py does).
+
+Given who asks (a Principal), a read sees only that principal's project's sweeps (admins: all): another
+project's sweep is NotFound exactly as a missing one, and a page leaves it out of its rows and its count."""
 from typing import Any
 
-from sqlalchemy import and_, func, null, select, union_all
+from sqlalchemy import and_, func, null, select, true, union_all
 from sqlalchemy.engine import Connection, Engine
 
-from trainyard.app.db import jobs, read, sweeps
+from trainyard.app.accounts import ROOT, Principal, project_rows
+from trainyard.app.db import jobs, read, sweeps, users
 from trainyard.app.errors import NotFound
 from trainyard.app.records import Job, Sweep, SweepPlan
 from trainyard.app.states import JobState, SweepState
@@ -14,10 +18,34 @@ from trainyard.app.sweep_results import goal, planned, summary
 RUNNING = SweepState.RUNNING.value
 
 
-def get(engine: Engine, sweep_id: int) -> Sweep:
+def seen_by(who: Principal | None):
+    """The sweeps `who` may see (None: the service itself, which sees all)."""
+    found = project_rows(sweeps, who)
+    return true() if found is None else found
+
+
+def visible(engine: Engine, sweep_id: int, who: Principal | None) -> None:
+    """NotFound unless the sweep exists and `who` may see it (the same answer for both)."""
+    with read(engine) as conn:
+        found = conn.execute(select(sweeps.c.id).where(sweeps.c.id == sweep_id, seen_by(who))).first()
+    if found is None:
+        raise NotFound(f"sweep {sweep_id} not found")
+
+
+def owner_of(engine: Engine, sweep: Sweep) -> Principal:
+    """Who the sweep acts as when its driver admits a trial: its owner in its project, an admin if the owner
+    is one (or the sweep predates accounts)."""
+    admin = sweep.project_id is None or sweep.owner in (None, ROOT)
+    if not admin:
+        with read(engine) as conn:
+            admin = bool(conn.execute(select(users.c.admin).where(users.c.name == sweep.owner)).scalar())
+    return Principal(sweep.owner or ROOT, admin, sweep.project_id)
+
+
+def get(engine: Engine, sweep_id: int, who: Principal | None = None) -> Sweep:
     """The sweep with its spec (NotFound)."""
     with read(engine) as conn:
-        row = conn.execute(select(sweeps).where(sweeps.c.id == sweep_id)).first()
+        row = conn.execute(select(sweeps).where(sweeps.c.id == sweep_id, seen_by(who))).first()
     if row is None:
         raise NotFound(f"sweep {sweep_id} not found")
     values = row._asdict()
@@ -36,18 +64,18 @@ _SUMMARISED = select(*(c for c in sweeps.c if c.name != "spec"), *(v.label(k) fo
 _grid_sizes: dict[int, int] = {}
 
 
-def get_summary(engine: Engine, sweep_id: int) -> Sweep:
+def get_summary(engine: Engine, sweep_id: int, who: Principal | None = None) -> Sweep:
     """The sweep without its spec, with its summary (the spec's plan) (NotFound)."""
-    found = _summarised(engine, _SUMMARISED.where(sweeps.c.id == sweep_id))
+    found = _summarised(engine, _SUMMARISED.where(sweeps.c.id == sweep_id, seen_by(who)))
     if not found:
         raise NotFound(f"sweep {sweep_id} not found")
     return found[0]
 
 
-def page(engine: Engine, state: SweepState | None = None, limit: int = 50,
-         offset: int = 0) -> tuple[list[Sweep], int]:
+def page(engine: Engine, state: SweepState | None = None, limit: int = 50, offset: int = 0,
+         who: Principal | None = None) -> tuple[list[Sweep], int]:
     """A page of sweeps without their specs (each with its summary instead), newest first, and how many match."""
-    where = and_(True, *([sweeps.c.state == state.value] if state else []))
+    where = and_(seen_by(who), *([sweeps.c.state == state.value] if state else []))
     with read(engine) as conn:
         total = conn.execute(select(func.count()).select_from(sweeps).where(where)).scalar_one()
     found = _summarised(engine, _SUMMARISED.where(where).order_by(sweeps.c.id.desc()).limit(limit).offset(offset))

@@ -14,6 +14,7 @@ from sqlalchemy import and_, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 
 from trainyard.app import admission, queue, submit, sweep_reads
+from trainyard.app.accounts import ADMIN, Principal
 from trainyard.app.db import db_now, jobs, sweeps, write
 from trainyard.app.errors import Conflict, NotFound
 from trainyard.app.records import Job, Sweep
@@ -26,13 +27,14 @@ from trainyard.app.sweep_results import summary
 RUNNING = SweepState.RUNNING.value
 
 
-def create(engine: Engine, settings: Settings, spec: SweepSpec) -> Sweep:
-    """Store a sweep the service can run (Invalid, naming the field, otherwise); it starts running."""
-    admit(engine, settings, spec)
+def create(engine: Engine, settings: Settings, spec: SweepSpec, who: Principal = ADMIN) -> Sweep:
+    """Store a sweep the service can run (Invalid, naming the field, otherwise); it starts running, in who's
+    project and owned by them (its trials too)."""
+    admit(engine, settings, spec, who)
     with write(engine) as conn:
         row = conn.execute(insert(sweeps).values(
             name=spec.name, state=RUNNING, spec=spec.model_dump(mode="json"), created_at=db_now(),
-            trial_count=0).returning(sweeps)).one()
+            trial_count=0, project_id=who.project_id, owner=who.user).returning(sweeps)).one()
     values = row._asdict()
     return Sweep.from_values(values, summary(values["spec"]))
 
@@ -87,9 +89,11 @@ def enqueue_trial(engine: Engine, sweep_id: int, driver: str, trial: int, params
     job is found by (sweep, trial) under the sweep's row lock, never by an idempotency key, which a client
     could send first. `known`: the driver knows every trial job of the sweep up to this job id (it read them
     after it took the sweep), so only the later ones are looked through. None: the sweep has ended or another
-    driver holds it."""
+    driver holds it. The job is the sweep's project's and its owner's."""
     with write(engine) as conn:
-        if not fence(conn, sweep_id, driver):
+        held = conn.execute(select(sweeps.c.project_id, sweeps.c.owner).where(driven(sweep_id, driver))
+                            .with_for_update()).first()  # fence(), reading whose the sweep is
+        if held is None:
             return None
         # (sweep_id, id > known): a range of the sweep_id index (which holds each row's id), not every trial.
         existing = conn.execute(select(jobs).where(jobs.c.sweep_id == sweep_id, jobs.c.id > known,
@@ -97,7 +101,8 @@ def enqueue_trial(engine: Engine, sweep_id: int, driver: str, trial: int, params
         if existing is not None:
             return Job.from_row(existing)
         return submit.insert_job(conn, job, None, admitted.parameters, admitted.needs,
-                                 sweep={"id": sweep_id, "trial": trial, "params": params})
+                                 sweep={"id": sweep_id, "trial": trial, "params": params},
+                                 project_id=held.project_id, owner=held.owner)
 
 
 def note(engine: Engine, sweep_id: int, driver: str, trial_count: int) -> bool:

@@ -36,6 +36,13 @@ OPERATIONS = {
     ("get", "/workers"): "list_workers", ("post", "/workers/{worker_id}/drain"): "drain_worker",
     ("post", "/workers/{worker_id}/undrain"): "undrain_worker", ("get", "/healthz"): "healthz",
     ("get", "/storage"): "get_storage", ("post", "/storage/collect"): "collect_storage",
+    ("get", "/me"): "whoami", ("get", "/admin/users"): "list_users", ("post", "/admin/users"): "add_user",
+    ("get", "/admin/projects"): "list_projects", ("post", "/admin/projects"): "add_project",
+    ("patch", "/admin/projects/{name}"): "update_project",
+    ("put", "/admin/projects/{name}/members/{user}"): "add_member",
+    ("delete", "/admin/projects/{name}/members/{user}"): "remove_member",
+    ("post", "/admin/users/{name}/tokens"): "issue_token", ("delete", "/admin/tokens/{token_id}"): "revoke_token",
+    ("get", "/admin/audit"): "list_audit",
 }
 ERROR = {"$ref": "#/components/schemas/ErrorPublic"}
 
@@ -95,6 +102,9 @@ def test_the_document_is_valid_openapi_3_1_and_says_what_the_server_does(documen
                                                                           else set())
         assert shared <= set(op["responses"]), (method, path)
     assert ops[("get", "/healthz")].get("security") is None
+    for (method, path), op in ops.items():  # admins only: documented
+        if path.startswith("/admin/") or path.endswith("drain") or path == "/storage/collect":
+            assert "not an admin" in op["responses"]["403"]["description"], (method, path)
     for op_id in ("list_devices", "catalog", "healthz", "job_result", "sweep_curves"):
         op = next(o for o in ops.values() if o["operationId"] == op_id)
         assert "$ref" in op["responses"]["200"]["content"]["application/json"]["schema"], op_id

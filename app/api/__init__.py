@@ -12,7 +12,7 @@ from trainyard.app.api import background, errors, openapi
 from trainyard.app.api.deps import require_token
 from trainyard.app.api.guard import RequestGuard
 from trainyard.app.api.reads import LoopReader
-from trainyard.app.api.routes import dashboard, datasets, events, jobs, storage, sweeps, system
+from trainyard.app.api.routes import admin, dashboard, datasets, events, job_files, jobs, storage, sweeps, system
 from trainyard.app.api.schemas import UNAUTHORIZED
 from trainyard.app.api.streams import StreamSlots, SweepHub
 from trainyard.app.db import make_engine
@@ -69,11 +69,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        allowed_origins=settings.allowed_origin_list)
     auth = [Depends(require_token)]
     app.include_router(jobs.router, dependencies=auth, responses=UNAUTHORIZED)
+    app.include_router(job_files.router, dependencies=auth, responses=UNAUTHORIZED)
     app.include_router(sweeps.router, dependencies=auth, responses=UNAUTHORIZED)
     app.include_router(events.router, dependencies=auth, responses=UNAUTHORIZED)
     app.include_router(datasets.make_router(settings), dependencies=auth, responses=UNAUTHORIZED)
     app.include_router(system.router, dependencies=auth, responses=UNAUTHORIZED)
     app.include_router(storage.router, dependencies=auth, responses=UNAUTHORIZED)
+    app.include_router(admin.router, dependencies=auth, responses=UNAUTHORIZED)
+    app.include_router(admin.me_router, dependencies=auth, responses=UNAUTHORIZED)
     app.include_router(system.health_router)
     app.include_router(dashboard.router)  # the page holds no data: served without auth, its API calls carry the token
 

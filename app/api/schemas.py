@@ -103,6 +103,8 @@ class JobSummary(BaseModel):
     summary: dict[str, Any] | None = Field(None, description="what a list shows of the spec: arch, dataset (train); "
                                                             "model_job and rows, or dataset and split (predict); "
                                                             "entrypoint (run)")
+    owner: str | None = Field(None, description="the user who submitted it (null: from before accounts)")
+    project_id: int | None = Field(None, description="the project it belongs to (null: the admins' only)")
 
 
 # The parts of a job a list page leaves out unless asked (GET /jobs?include=spec,errors,result): they are
@@ -128,7 +130,7 @@ def job_fields(job: Job, waiting_for: str | None, include: tuple[str, ...] = HEA
         latest_metrics=job.latest_metrics, peak_memory_allocated=job.peak_memory_allocated,
         peak_memory_reserved=job.peak_memory_reserved, checkpoint_epoch=job.checkpoint_epoch,
         parameters=job.parameters, error=error, waiting_for=waiting_for, sweep=job.sweep, pinned=job.pinned,
-        reclaimed=job.reclaimed,
+        reclaimed=job.reclaimed, owner=job.owner, project_id=job.project_id,
         summary=summary if summary is not None or job.spec is None else spec_summary(job.kind, job.spec))
     if "spec" in include:
         out["spec"] = job.spec

@@ -32,6 +32,8 @@ class SweepPublic(BaseModel):
     id: int
     name: str | None
     state: SweepState
+    owner: str | None = Field(None, description="who submitted it (its trials are theirs too); null: from before "
+                                                "accounts")
     method: str
     metric: str
     direction: str
@@ -76,9 +78,9 @@ def sweep_fields(row: dict, found: list[Job], with_trials: bool = True) -> dict[
     plan = row["summary"] if "summary" in row else summary(row["spec"])
     best = best_trial(plan, found)
     return dict(
-        id=row["id"], name=row["name"], state=row["state"], method=plan["method"], metric=plan["metric"],
-        direction=plan["direction"], max_trials=plan["max_trials"], max_concurrent=plan["max_concurrent"],
-        trial_count=max(row["trial_count"], len(found)), counts=counts(found),
+        id=row["id"], name=row["name"], state=row["state"], owner=row.get("owner"), method=plan["method"],
+        metric=plan["metric"], direction=plan["direction"], max_trials=plan["max_trials"],
+        max_concurrent=plan["max_concurrent"], trial_count=max(row["trial_count"], len(found)), counts=counts(found),
         best=None if best is None else {"trial": trial_of(best)["trial"], "job_id": best.id,
                                         "params": trial_of(best)["params"], "value": trial_value(best, plan["metric"])},
         created_at=ts(row["created_at"]), finished_at=ts(row["finished_at"]), error=row["error"],

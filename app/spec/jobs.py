@@ -15,7 +15,8 @@ DEVICE_PATTERN = device_names.PATTERN
 MAX_PREDICT_ROWS = 10_000
 # Devices one job may span (ranks of one host).
 MAX_DEVICES = 16
-MAX_ID = 2**53
+# Ids are the tables' INTEGER (32-bit on PostgreSQL): a larger one is a 422, never a query that fails.
+MAX_ID = 2**31 - 1
 # Jobs one job may wait for (`after`), and jobs one batch may submit (POST /jobs/batch).
 MAX_AFTER = 32
 MAX_BATCH = 32

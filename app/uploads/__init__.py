@@ -9,9 +9,9 @@ stored files through the same layout.
 from trainyard.app.layout import UPLOAD_DATA_FILE as DATA_FILE
 from trainyard.app.layout import UPLOAD_META_FILE as META_FILE
 from trainyard.app.uploads.limits import ACCEPTED, Limits
-from trainyard.app.uploads.storage import delete, get, list_all, store, upload_dir
+from trainyard.app.uploads.storage import delete, get, list_all, store, upload_dir, visible
 
 ID_PATTERN = r"^[a-z0-9]{1,64}$"
 
 __all__ = ["ACCEPTED", "DATA_FILE", "ID_PATTERN", "META_FILE", "Limits", "delete", "get", "list_all", "store",
-           "upload_dir"]
+           "upload_dir", "visible"]

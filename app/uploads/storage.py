@@ -7,6 +7,10 @@ dataset appears whole or not at all (written to a hidden directory, then renamed
 meta.json goes last and its presence lists the dataset), and the quota check and that rename happen
 under one lock, so two uploads cannot both slip under the quota (a file lock: servers of one host;
 servers on several hosts sharing a bucket may overshoot the quota by the uploads they race).
+
+Each dataset belongs to the project and user that uploaded it (meta.json's project_id and owner): given who
+asks, a read sees only that principal's project's datasets (admins: all), another's answering NotFound exactly
+as a missing one; a dataset from before accounts (no project_id) is the admins' only. The quotas stay global.
 """
 import json
 import os
@@ -21,6 +25,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from trainyard.app.accounts import Principal
 from trainyard.app.errors import NotFound
 from trainyard.app.layout import UPLOAD_DATA_FILE, UPLOAD_META_FILE, Layout, locked
 from trainyard.app.storage import Store
@@ -42,8 +47,9 @@ def _store(where: Where) -> Store:
 
 
 def store(f: BinaryIO, filename: str | None, where: Where, label_column: str | None = None,
-          limits: Limits = Limits()) -> dict:
-    """Validate the uploaded file (seekable, e.g. UploadFile.file), store it normalised, return its meta."""
+          limits: Limits = Limits(), who: Principal | None = None) -> dict:
+    """Validate the uploaded file (seekable, e.g. UploadFile.file), store it normalised (as who's, in their
+    project), return its meta."""
     kind = _format_of(filename)
     nbytes = f.seek(0, os.SEEK_END)
     if nbytes == 0:
@@ -63,7 +69,8 @@ def store(f: BinaryIO, filename: str | None, where: Where, label_column: str | N
             x, y, classes = parse_imagefolder(f, limits, nbytes)
         meta = {"name": _display_name(filename), "format": kind, "samples": int(len(y)),
                 "input_shape": list(x.shape[1:]), "classes": classes, "label_column": label_column,
-                "pixels": bool(x.dtype == np.uint8 and x.ndim == 4), "bytes": nbytes}
+                "pixels": bool(x.dtype == np.uint8 and x.ndim == 4), "bytes": nbytes,
+                "project_id": who.project_id if who else None, "owner": who.user if who else None}
         return _write(_store(where), x, y, meta, limits)
 
 
@@ -116,21 +123,32 @@ def _meta_key(store_: Store, upload_id: str) -> str:
     return f"{store_.layout.rel(store_.layout.upload(upload_id))}/{UPLOAD_META_FILE}"
 
 
-def get(where: Where, upload_id: str, cached: bool = False) -> dict:
-    """An upload's meta. From a bucket: read there (another host may have deleted it), or with cached
-    from this host's copy where it has one (meta.json never changes once written)."""
+def visible(meta: dict, who: Principal | None) -> bool:
+    """Whether `who` may see (name, read, delete) the dataset of this meta; None: the service itself."""
+    return who is None or who.sees(meta.get("project_id"))
+
+
+def get(where: Where, upload_id: str, cached: bool = False, who: Principal | None = None) -> dict:
+    """An upload's meta (NotFound: none, or one `who` may not see). From a bucket: read there (another host may
+    have deleted it), or with cached from this host's copy where it has one (meta.json never changes once
+    written)."""
     store_ = _store(where)
     key = _meta_key(store_, upload_id)
     try:
         if cached or not store_.remote:
-            return json.loads(store_.fetch(key).read_text())
-        return json.loads(store_.read_bytes(key))
+            meta = json.loads(store_.fetch(key).read_text())
+        else:
+            meta = json.loads(store_.read_bytes(key))
     except (FileNotFoundError, NotADirectoryError):
-        raise NotFound(f"no uploaded dataset {upload_id!r}") from None
+        meta = None
+    if meta is None or not visible(meta, who):
+        raise NotFound(f"no uploaded dataset {upload_id!r}")
+    return meta
 
 
-def list_all(where: Where) -> list[dict]:
-    """Newest first. Half-written (.tmp-*) and half-deleted (.del-*) directories are not listed."""
+def list_all(where: Where, who: Principal | None = None) -> list[dict]:
+    """Newest first, those `who` may see. Half-written (.tmp-*) and half-deleted (.del-*) directories are not
+    listed."""
     store_ = _store(where)
     if store_.remote:
         ids = [k.split("/")[-2] for k in store_.keys(store_.layout.rel(store_.layout.uploads()))
@@ -142,18 +160,20 @@ def list_all(where: Where) -> list[dict]:
     for upload_id in ids:
         if re.fullmatch(r"[a-z0-9]{1,64}", upload_id):
             try:
-                metas.append(get(store_, upload_id, cached=True))
-            except NotFound:  # deleted while we looked
+                metas.append(get(store_, upload_id, cached=True, who=who))
+            except NotFound:  # deleted while we looked, or another project's
                 pass
     return sorted(metas, key=lambda m: m["created_at"], reverse=True)
 
 
-def delete(where: Where, upload_id: str) -> None:
-    """Remove an uploaded dataset. Jobs that name it are not checked: queued or running jobs that still
-    have to load it fail with a JobError saying it was deleted (a job that has loaded it is unaffected)."""
+def delete(where: Where, upload_id: str, who: Principal | None = None) -> None:
+    """Remove an uploaded dataset (NotFound: none, or one `who` may not see). Jobs that name it are not checked:
+    queued or running jobs that still have to load it fail with a JobError saying it was deleted (a job that has
+    loaded it is unaffected)."""
     store_ = _store(where)
+    if store_.remote or who is not None:
+        get(store_, upload_id, who=who)  # NotFound if there is none (or it is another project's)
     if store_.remote:
-        get(store_, upload_id)  # NotFound if there is none
         store_.delete(_meta_key(store_, upload_id))  # first: gone from every listing at once
         store_.delete_prefix(store_.layout.rel(store_.layout.upload(upload_id)))
         return

@@ -1,13 +1,14 @@
-"""Routes for uploaded datasets: upload (multipart), list, read, delete. The package app/uploads does the work."""
+"""Routes for uploaded datasets: upload (multipart), list, read, delete. The package app/uploads does the work;
+a user sees and deletes only their project's datasets (another's is 404 as a missing one), admins all."""
 from datetime import datetime
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, File, Form, Response, UploadFile
+from fastapi import APIRouter, File, Form, Request, Response, UploadFile
 from fastapi import Path as PathParam
 from pydantic import BaseModel, Field
 
-from trainyard.app import references, uploads
-from trainyard.app.api.deps import EngineDep, SettingsDep
+from trainyard.app import audit, references, uploads
+from trainyard.app.api.deps import EngineDep, SettingsDep, WhoDep, client_address
 from trainyard.app.api.schemas import responses
 from trainyard.app.db import read
 from trainyard.app.errors import Conflict
@@ -30,6 +31,7 @@ class DatasetPublic(BaseModel):
     stored_bytes: int = Field(description="size of the stored, normalised, compressed data.npz")
     pixels: bool = Field(False, description="x is uint8 images (scaled like the built-in image datasets)")
     created_at: datetime
+    owner: str | None = Field(None, description="who uploaded it (it is their project's); null: from before accounts")
 
     @classmethod
     def from_meta(cls, meta: dict) -> "DatasetPublic":
@@ -62,30 +64,36 @@ def make_router(settings: Settings) -> APIRouter:
 
 def upload_dataset(
         file: Annotated[UploadFile, File(description=f"the data: {uploads.ACCEPTED}")],
-        settings: SettingsDep,
+        settings: SettingsDep, engine: EngineDep, who: WhoDep, request: Request,
         label_column: Annotated[str | None, Form(max_length=1000, description="CSV: the column of class labels")]
         = None) -> DatasetPublic:
-    """Validate and store a dataset; train and predict jobs then name it as `upload:<id>`."""
+    """Validate and store a dataset, the caller's in their project; their project's train and predict jobs then
+    name it as `upload:<id>`."""
     meta = uploads.store(file.file, file.filename, settings.store, label_column,
-                         uploads.Limits.from_settings(settings))
+                         uploads.Limits.from_settings(settings), who)
+    audit.record(engine, who, "upload", f"dataset {meta['id']}", client_address(request),
+                 {"name": meta["name"], "format": meta["format"], "stored_bytes": meta["stored_bytes"]})
     return DatasetPublic.from_meta(meta)
 
 
-def list_datasets(settings: SettingsDep) -> DatasetsPublic:
-    metas = uploads.list_all(settings.store)
+def list_datasets(settings: SettingsDep, who: WhoDep) -> DatasetsPublic:
+    metas = uploads.list_all(settings.store, who)
     return DatasetsPublic(data=[DatasetPublic.from_meta(m) for m in metas], count=len(metas))
 
 
-def get_dataset(dataset_id: DatasetId, settings: SettingsDep) -> DatasetPublic:
-    return DatasetPublic.from_meta(uploads.get(settings.store, dataset_id))
+def get_dataset(dataset_id: DatasetId, settings: SettingsDep, who: WhoDep) -> DatasetPublic:
+    return DatasetPublic.from_meta(uploads.get(settings.store, dataset_id, who=who))
 
 
-def delete_dataset(dataset_id: DatasetId, settings: SettingsDep, engine: EngineDep) -> Response:
+def delete_dataset(dataset_id: DatasetId, settings: SettingsDep, engine: EngineDep, who: WhoDep,
+                   request: Request) -> Response:
     """Delete an uploaded dataset; while a queued or running job uses it, 409 naming the job. (A job submitted
     as it is deleted fails when it starts, saying the dataset was deleted.)"""
+    uploads.get(settings.store, dataset_id, who=who)  # another project's: 404 before anything is said of it
     with read(engine) as conn:
         why = references.why_dataset_kept(conn, dataset_id)
     if why:
         raise Conflict(why)
-    uploads.delete(settings.store, dataset_id)
+    uploads.delete(settings.store, dataset_id, who)
+    audit.record(engine, who, "dataset_delete", f"dataset {dataset_id}", client_address(request))
     return Response(status_code=204)

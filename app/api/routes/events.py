@@ -1,6 +1,7 @@
 """Routes for the event streams (Server-Sent Events): a job's (GET /jobs/{id}/events, its sequence and ids in
 app/job_events.py) and a sweep's (GET /sweeps/{id}/events, served by the hub in app/api/streams.py). What they
-promise a client (order, ids, resuming, an id beyond the stream, the end) is docs/api.md's "Event streams"."""
+promise a client (order, ids, resuming, an id beyond the stream, the end) is docs/api.md's "Event streams". A
+stream of another project's job or sweep is 404 before it starts, as a missing one's is."""
 import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -10,8 +11,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from trainyard.app import job_events as sequence
-from trainyard.app import job_reads, sweep_reads
-from trainyard.app.api.deps import EngineDep
+from trainyard.app import sweep_reads, visibility
+from trainyard.app.api.deps import EngineDep, WhoDep
 from trainyard.app.api.routes.jobs import MAX_METRICS_PAGE, JobId
 from trainyard.app.api.routes.sweeps import NOT_FOUND as SWEEP_NOT_FOUND
 from trainyard.app.api.routes.sweeps import SweepId
@@ -29,9 +30,9 @@ STREAM: dict[int | str, dict[str, Any]] = {
     422: {"description": "a Last-Event-ID that is not an event id"}}
 
 
-async def existing_job(job_id: JobId, engine: EngineDep) -> Job:
-    """The job, or 404 before a stream starts."""
-    return await run_in_threadpool(job_reads.get_job, engine, job_id)
+async def existing_job(job_id: JobId, engine: EngineDep, who: WhoDep) -> Job:
+    """The job, or 404 before a stream starts (another project's too)."""
+    return await run_in_threadpool(visibility.job_for, engine, who, job_id)
 
 
 def job_resume(last_event_id: LastEventId = None) -> sequence.EventId | None:
@@ -78,9 +79,11 @@ async def job_events(job: Annotated[Job, Depends(existing_job)], engine: EngineD
             await asyncio.sleep(EVENTS_POLL_S)
 
 
-async def sweep_stream_slot(sweep_id: SweepId, engine: EngineDep, request: Request) -> AsyncIterator[None]:
-    """The sweep (404 before a stream starts) and a slot for its stream (503 when the caps are reached)."""
-    await run_in_threadpool(sweep_reads.get_summary, engine, sweep_id)
+async def sweep_stream_slot(sweep_id: SweepId, engine: EngineDep, who: WhoDep, request: Request
+                            ) -> AsyncIterator[None]:
+    """The sweep (404 before a stream starts, another project's too) and a slot for its stream (503 when the caps
+    are reached)."""
+    await run_in_threadpool(sweep_reads.get_summary, engine, sweep_id, who)
     with request.app.state.streams.hold(f"sweep {sweep_id}"):
         yield
 

@@ -1,12 +1,13 @@
 """Routes about what the store holds: GET /storage (the collector's last measure and the retention rules) and
-POST /storage/collect (a pass of the collector now, app/collector.py)."""
+POST /storage/collect (a pass of the collector now, app/collector.py: admins only, audited)."""
 from datetime import datetime
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
-from trainyard.app import collector
-from trainyard.app.api.deps import EngineDep, SettingsDep
+from trainyard.app import audit, collector
+from trainyard.app.api.deps import AdminDep, EngineDep, SettingsDep, client_address
 from trainyard.app.api.schemas import ts
+from trainyard.app.api.schemas_admin import FORBIDDEN
 from trainyard.app.api.schemas_service import CollectionPublic, KindUsage, StoragePublic, StorageRules
 from trainyard.app.settings import Settings
 
@@ -23,11 +24,14 @@ def get_storage(engine: EngineDep, settings: SettingsDep) -> StoragePublic:
 
 
 # A plain def: a pass lists the whole store and deletes, so it runs in the thread pool.
-@router.post("/collect", response_model=CollectionPublic, operation_id="collect_storage")
-def collect_storage(engine: EngineDep, settings: SettingsDep) -> CollectionPublic:
+@router.post("/collect", response_model=CollectionPublic, operation_id="collect_storage", responses=FORBIDDEN)
+def collect_storage(request: Request, engine: EngineDep, settings: SettingsDep, who: AdminDep) -> CollectionPublic:
     """Run the collector now: apply the retention rules, remove every object no row references (older than
-    TRAINYARD_COLLECT_GRACE_S), and measure the store. Safe beside the periodic pass and running jobs."""
+    TRAINYARD_COLLECT_GRACE_S), and measure the store. Safe beside the periodic pass and running jobs. Admins
+    only."""
     report = collector.collect(engine, settings)
+    audit.record(engine, who, "collect", "storage", client_address(request),
+                 {"deleted_objects": report.deleted_objects, "deleted_bytes": report.deleted_bytes})
     return CollectionPublic(**{**report.as_dict(), "usage": kinds(report.usage)},
                             measured_at=measured_at(report.usage))
 

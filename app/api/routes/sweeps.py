@@ -5,8 +5,9 @@ from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 
-from trainyard.app import deletion, sweep_reads, sweep_store
-from trainyard.app.api.deps import EngineDep, SettingsDep
+from trainyard.app import audit, deletion, sweep_reads, sweep_store
+from trainyard.app.accounts import Principal
+from trainyard.app.api.deps import EngineDep, SettingsDep, WhoDep, client_address
 from trainyard.app.api.routes.jobs import as_json
 from trainyard.app.api.schemas import responses
 from trainyard.app.api.schemas_service import CurvesPublic
@@ -36,13 +37,13 @@ def _fields(engine, sweep: Sweep, with_trials: bool = True) -> dict:
     return sweep_fields(sweep.as_dict(), sweep_reads.trials(engine, [sweep.id])[sweep.id], with_trials)
 
 
-def _sweep(engine, sweep_id: int) -> dict:
-    return _fields(engine, sweep_reads.get(engine, sweep_id))
+def _sweep(engine, sweep_id: int, who: Principal | None = None) -> dict:
+    return _fields(engine, sweep_reads.get(engine, sweep_id, who))
 
 
-def watched(engine, sweep_id: int) -> dict:
+def watched(engine, sweep_id: int, who: Principal | None = None) -> dict:
     """What the event stream follows: the sweep without its spec (never read whole for it), with its trials."""
-    return _fields(engine, sweep_reads.get_summary(engine, sweep_id))
+    return _fields(engine, sweep_reads.get_summary(engine, sweep_id, who))
 
 
 @router.post("", status_code=201, response_model=SweepPublic, operation_id="submit_sweep",
@@ -50,16 +51,18 @@ def watched(engine, sweep_id: int) -> dict:
 async def submit_sweep(spec: Annotated[SweepSpec, Body(openapi_examples={"tpe": {"summary": "TPE over lr and "
                                                                          "hidden sizes, median pruning",
                                                                          "value": EXAMPLE}})],
-                       engine: EngineDep, settings: SettingsDep, request: Request) -> Response:
+                       engine: EngineDep, settings: SettingsDep, request: Request, who: WhoDep) -> Response:
     """Start a sweep: its trials are jobs of the base job with the searched fields set (the first within
     a second). Bad paths, ranges on fields that are not numbers, values the job spec refuses and a grid
     larger than max_trials are refused with 422 naming the field; past TRAINYARD_MAX_RUNNING_SWEEPS sweeps
-    running, 409."""
+    running, 409. The sweep and its trials are the caller's, in the caller's project."""
     running = len(await run_in_threadpool(sweep_reads.running, engine))
     if running >= settings.max_running_sweeps:
         raise Conflict(f"{running} sweeps are running, the limit (TRAINYARD_MAX_RUNNING_SWEEPS); wait for one to "
                        "end, or cancel one")
-    made = await run_in_threadpool(sweep_store.create, engine, settings, spec)
+    made = await run_in_threadpool(sweep_store.create, engine, settings, spec, who)
+    await run_in_threadpool(audit.record, engine, who, "sweep_submit", f"sweep {made.id}", client_address(request),
+                            {"name": spec.name, "method": spec.method})
     searcher = getattr(request.app.state, "searcher", None)
     if searcher is not None:
         searcher.poke()  # this process may be the one that drives sweeps: start the trials now
@@ -67,30 +70,31 @@ async def submit_sweep(spec: Annotated[SweepSpec, Body(openapi_examples={"tpe": 
 
 
 @router.get("", response_model=SweepsPublic, operation_id="list_sweeps")
-def list_sweeps(engine: EngineDep, state: Annotated[str | None, Query(pattern=f"^({'|'.join(SWEEP_STATES)})$")]
-                = None, limit: Annotated[int, Query(ge=1, le=500)] = 50,
+def list_sweeps(engine: EngineDep, who: WhoDep,
+                state: Annotated[str | None, Query(pattern=f"^({'|'.join(SWEEP_STATES)})$")] = None,
+                limit: Annotated[int, Query(ge=1, le=500)] = 50,
                 offset: Annotated[int, Query(ge=0, le=10**9)] = 0) -> Response:
-    """Sweeps, newest first (without their trials: GET /sweeps/{id} has them)."""
-    rows, count = sweep_reads.page(engine, SweepState(state) if state else None, limit, offset)
+    """Sweeps, newest first (without their trials: GET /sweeps/{id} has them); a user's, their project's."""
+    rows, count = sweep_reads.page(engine, SweepState(state) if state else None, limit, offset, who)
     found = sweep_reads.trials(engine, [r.id for r in rows])
     return as_json({"data": [sweep_fields(r.as_dict(), found[r.id], with_trials=False) for r in rows], "count": count,
                     "limit": limit, "offset": offset})
 
 
 @router.get("/{sweep_id}", response_model=SweepPublic, responses=NOT_FOUND, operation_id="get_sweep")
-def get_sweep(sweep_id: SweepId, engine: EngineDep) -> Response:
+def get_sweep(sweep_id: SweepId, engine: EngineDep, who: WhoDep) -> Response:
     """State, counts by state, the best trial so far, and every trial's values and metric."""
-    return as_json(_sweep(engine, sweep_id))
+    return as_json(_sweep(engine, sweep_id, who))
 
 
 @router.get("/{sweep_id}/trials", response_model=list[TrialPublic], responses=NOT_FOUND,
             operation_id="sweep_trials")
-def sweep_trials(sweep_id: SweepId, engine: EngineDep) -> Response:
-    return as_json(_sweep(engine, sweep_id)["trials"])
+def sweep_trials(sweep_id: SweepId, engine: EngineDep, who: WhoDep) -> Response:
+    return as_json(_sweep(engine, sweep_id, who)["trials"])
 
 
 @router.get("/{sweep_id}/curves", response_model=CurvesPublic, responses=NOT_FOUND, operation_id="sweep_curves")
-def sweep_curves(sweep_id: SweepId, engine: EngineDep,
+def sweep_curves(sweep_id: SweepId, engine: EngineDep, who: WhoDep,
                  since: Annotated[int, Query(ge=0, le=2**62, description="the `next` of the page before; 0: from the "
                                              "start")] = 0,
                  limit: Annotated[int, Query(ge=1, le=MAX_CURVE_POINTS, description="points at most")]
@@ -99,14 +103,17 @@ def sweep_curves(sweep_id: SweepId, engine: EngineDep,
     recorded after `since`, in the order they were recorded; `next` is the cursor of the next page (and, once
     `more` is false, of the points that will come), so a client that keeps it reads each point once. An epoch
     recorded again (a resumed run) comes again: its last point holds."""
+    sweep_reads.visible(engine, sweep_id, who)
     return as_json(curves(engine, sweep_id, since, limit))
 
 
 @router.post("/{sweep_id}/cancel", response_model=SweepPublic, operation_id="cancel_sweep",
              responses={**NOT_FOUND, **responses(conflict="the sweep has ended")})
-def cancel_sweep(sweep_id: SweepId, engine: EngineDep) -> Response:
+def cancel_sweep(sweep_id: SweepId, engine: EngineDep, who: WhoDep, request: Request) -> Response:
     """End the sweep and cancel its queued and running trials (stopped within 2 s); finished trials stay."""
+    sweep_reads.visible(engine, sweep_id, who)
     sweep_store.cancel(engine, sweep_id)
+    audit.record(engine, who, "sweep_cancel", f"sweep {sweep_id}", client_address(request))
     return as_json(_sweep(engine, sweep_id))
 
 
@@ -114,10 +121,13 @@ def cancel_sweep(sweep_id: SweepId, engine: EngineDep) -> Response:
                responses={**NOT_FOUND, **responses(conflict="the sweep is running, a job waits for its best trial, "
                                                              "or one of its trials is kept (pinned, or named by a "
                                                              "job that has not ended)")})
-def delete_sweep(sweep_id: SweepId, engine: EngineDep, settings: SettingsDep,
+def delete_sweep(sweep_id: SweepId, engine: EngineDep, settings: SettingsDep, who: WhoDep, request: Request,
                  keep: Annotated[Literal["best"] | None, Query(description="best: keep the best trial's job "
                                                                            "(detached from the sweep)")] = None
                  ) -> Response:
     """Delete an ended sweep, its study and its trials' jobs (their rows and stored objects), all or nothing."""
-    deletion.delete_sweep(engine, settings.store, sweep_id, keep_best=keep == "best")
+    sweep_reads.visible(engine, sweep_id, who)
+    kept = deletion.delete_sweep(engine, settings.store, sweep_id, keep_best=keep == "best")
+    audit.record(engine, who, "sweep_delete", f"sweep {sweep_id}", client_address(request),
+                 {"kept": kept} if keep else None)
     return Response(status_code=204)

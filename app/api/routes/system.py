@@ -1,33 +1,54 @@
-"""Routes about the service itself: devices, workers, health."""
+"""Routes about the service itself: devices, workers, health, /metrics.
+
+The fleet is everyone's to see, but a worker's job is shown only to those who may see that job (its project's
+members, admins): to anyone else the worker is busy with a job of id null. Draining is for admins."""
+from collections.abc import Iterable, Iterator
+from typing import Any
+
 from fastapi import APIRouter, Path, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from sqlalchemy import select
 
-from trainyard.app import admission, devices_payload, job_reads, metrics, spec
+from trainyard.app import admission, audit, devices_payload, job_reads, metrics, spec, visibility
 from trainyard.app import workers as workers_registry
-from trainyard.app.api.deps import EngineDep, SettingsDep
+from trainyard.app.accounts import Principal
+from trainyard.app.api.deps import AdminDep, EngineDep, SettingsDep, WhoDep, client_address
 from trainyard.app.api.routes.jobs import as_json
 from trainyard.app.api.schemas import WorkerPublic, responses, ts
+from trainyard.app.api.schemas_admin import FORBIDDEN
 from trainyard.app.api.schemas_service import CatalogPublic, DevicesPublic, Health
+from trainyard.app.db import jobs, read
 
 router = APIRouter(tags=["system"])
 health_router = APIRouter(tags=["system"])
 
 
 @router.get("/devices", response_model=DevicesPublic, operation_id="list_devices")
-async def get_devices(engine: EngineDep, settings: SettingsDep) -> Response:
+async def get_devices(engine: EngineDep, settings: SettingsDep, who: WhoDep) -> Response:
     """CUDA devices (from NVML, never a CUDA context in this process), their workers' torch allocator
-    stats (from heartbeats), and the CPU."""
-    return as_json(await run_in_threadpool(devices_payload.snapshot, engine, settings.lease_s, settings.node))
+    stats (from heartbeats), and the CPU. A worker's job_id is null unless the token may see that job."""
+    def snapshot() -> dict[str, Any]:
+        payload = devices_payload.snapshot(engine, settings.lease_s, settings.node)
+        _hide_jobs(engine, who, list(_payload_workers(payload)))
+        return payload
+    return as_json(await run_in_threadpool(snapshot))
 
 
 @router.get("/metrics", response_class=Response, operation_id="prometheus_metrics",
             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}})
-def get_metrics(request: Request) -> Response:
+def get_metrics(request: Request, engine: EngineDep, settings: SettingsDep, who: WhoDep) -> Response:
     """Prometheus metrics (names prefixed trainyard_): jobs by state and kind, queue depth, job
-    durations, workers alive, device memory, torch allocator memory, samples/s of running jobs."""
-    return Response(metrics.render(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST)
+    durations, workers alive, device memory, torch allocator memory, samples/s of running jobs.
+
+    An admin's token gets all of them. Any other token gets the series computed from its project's rows (jobs
+    by kind and state, the queue's depth and age, running jobs' samples/s, sweeps and their trials) and the
+    fleet's worker and device gauges (which name no job), but not the counters, the job-duration histogram or
+    the store's gauges: those are kept for the whole service, not per project."""
+    reg = request.app.state.metrics_registry if who.admin else metrics.registry(engine, settings.lease_s,
+                                                                                   settings.node, who)
+    return Response(metrics.render(reg), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/catalog", response_model=CatalogPublic, operation_id="catalog")
@@ -38,33 +59,67 @@ def get_catalog(engine: EngineDep, settings: SettingsDep) -> Response:
 
 
 @router.get("/workers", response_model=list[WorkerPublic], operation_id="list_workers")
-def get_workers(engine: EngineDep, settings: SettingsDep, include_stopped: bool = False) -> list[WorkerPublic]:
+def get_workers(engine: EngineDep, settings: SettingsDep, who: WhoDep,
+                include_stopped: bool = False) -> list[WorkerPublic]:
+    """Every worker (stopped ones too with include_stopped). job_id is null unless the token may see that job."""
     workers, now = workers_registry.list_workers(engine, include_stopped=include_stopped)
+    _hide_jobs(engine, who, workers)
     return [_public(w, now, settings.lease_s) for w in workers]
 
 
 WorkerId = Path(max_length=200, description="a worker's id, as GET /workers lists it")
-WORKER_ERRORS = responses(not_found="no such worker", conflict="the worker has stopped")
+WORKER_ERRORS = {**responses(not_found="no such worker", conflict="the worker has stopped"), **FORBIDDEN}
 
 
 @router.post("/workers/{worker_id}/drain", response_model=WorkerPublic, responses=WORKER_ERRORS,
              operation_id="drain_worker")
-def drain_worker(engine: EngineDep, settings: SettingsDep, worker_id: str = WorkerId) -> WorkerPublic:
-    """The worker finishes the job it runs (if any) and claims nothing more until undrained."""
-    return _set_draining(engine, settings, worker_id, True)
+def drain_worker(request: Request, engine: EngineDep, settings: SettingsDep, who: AdminDep,
+                 worker_id: str = WorkerId) -> WorkerPublic:
+    """The worker finishes the job it runs (if any) and claims nothing more until undrained. Admins only."""
+    return _set_draining(request, engine, settings, who, worker_id, True)
 
 
 @router.post("/workers/{worker_id}/undrain", response_model=WorkerPublic, responses=WORKER_ERRORS,
              operation_id="undrain_worker")
-def undrain_worker(engine: EngineDep, settings: SettingsDep, worker_id: str = WorkerId) -> WorkerPublic:
-    """The worker claims jobs again."""
-    return _set_draining(engine, settings, worker_id, False)
+def undrain_worker(request: Request, engine: EngineDep, settings: SettingsDep, who: AdminDep,
+                   worker_id: str = WorkerId) -> WorkerPublic:
+    """The worker claims jobs again. Admins only."""
+    return _set_draining(request, engine, settings, who, worker_id, False)
 
 
-def _set_draining(engine, settings, worker_id: str, draining: bool) -> WorkerPublic:
+def _set_draining(request: Request, engine, settings, who: Principal, worker_id: str,
+                  draining: bool) -> WorkerPublic:
     w = workers_registry.set_draining(engine, worker_id, draining)
+    audit.record(engine, who, "drain" if draining else "undrain", f"worker {worker_id}", client_address(request))
     _, now = workers_registry.list_workers(engine)
     return _public(w, now, settings.lease_s)
+
+
+def _hide_jobs(engine, who: Principal, workers: Iterable[dict]) -> None:
+    """Each worker's job_id set to None where `who` may not see that job (another project's)."""
+    workers = list(workers)
+    scope = visibility.job_scope(who)
+    ids = {w["job_id"] for w in workers if w.get("job_id") is not None}
+    if scope is None or not ids:
+        return
+    with read(engine) as conn:
+        seen = set(conn.execute(select(jobs.c.id).where(jobs.c.id.in_(ids), scope)).scalars())
+    for w in workers:
+        if w.get("job_id") not in seen:
+            w["job_id"] = None
+
+
+def _payload_workers(payload: dict[str, Any]) -> Iterator[dict]:
+    """Every worker view of a /devices payload, wherever it is listed (hosts' devices and the flat views)."""
+    for host in payload["hosts"]:
+        for gpu in host["cuda_devices"]:
+            yield from gpu["workers"]
+        yield from host["cpu"]["workers"]
+        yield from host["other_workers"]
+    for gpu in payload["cuda_devices"]:
+        yield from gpu["workers"]
+    yield from payload["cpu"]["workers"]
+    yield from payload["other_workers"]
 
 
 def _public(w: dict, now: float, lease_s: float) -> WorkerPublic:

@@ -1,0 +1,107 @@
+"""Wire types of the admin surface (app/api/routes/admin.py) and of GET /me: users, projects and their limits,
+tokens, the audit record, and who a request acts as."""
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trainyard.app.api.schemas import ErrorPublic
+
+NAME = Field(max_length=100, description="lowercase letters, digits, '_', '.', '-', starting with a letter")
+FORBIDDEN: dict[int | str, dict[str, Any]] = {403: {
+    "model": ErrorPublic,
+    "description": "the token is not an admin's (or, for a change, the request came from another web origin)"}}
+
+Count = Annotated[int, Field(ge=0)]
+
+
+class Limits(BaseModel):
+    """A project's limits: only these keys, each a number >= 0 (null, in a PATCH, removes it). Stored now,
+    enforced by a later release."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    devices: Count | None = Field(None, description="devices its running jobs may hold at once")
+    gpu_memory_gb: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = Field(
+        None, description="GPU memory its running jobs may ask for at once, in GB")
+    queued_jobs: Count | None = Field(None, description="jobs it may have queued")
+    running_sweeps: Count | None = Field(None, description="sweeps it may have running")
+    stored_bytes: Count | None = Field(None, description="bytes its jobs' files may hold in the store")
+
+
+class UserCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = NAME
+    admin: bool = Field(False, description="sees and acts on every project, and on accounts")
+
+
+class TokenInfo(BaseModel):
+    """A live token, without the token itself (only its digest is kept)."""
+    id: int
+    project: str | None
+    label: str | None
+    created_at: datetime
+
+
+class UserPublic(BaseModel):
+    id: int
+    name: str
+    admin: bool
+    created_at: datetime | None = None
+    projects: list[str] = Field(description="the projects they are a member of")
+    tokens: list[TokenInfo] = Field([], description="their live tokens")
+
+
+class ProjectCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = NAME
+    share: float = Field(1.0, gt=0, allow_inf_nan=False, description="its weight in the fair share (later)")
+    limits: Limits = Field(default_factory=Limits)
+
+
+class ProjectUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    share: float | None = Field(None, gt=0, allow_inf_nan=False)
+    limits: Limits | None = Field(None, description="merged into its limits: a key given replaces that limit, a "
+                                                    "key given as null removes it, a key left out stays")
+
+
+class ProjectPublic(BaseModel):
+    id: int
+    name: str
+    share: float
+    limits: dict[str, Any]
+    created_at: datetime | None = None
+    members: list[str]
+
+
+class TokenCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    project: str | None = Field(None, max_length=100, description="the project its requests act in; an admin's "
+                                                                  "may name none (acting across all)")
+    label: str | None = Field(None, max_length=200, description="a note of where it is used")
+
+
+class TokenIssued(BaseModel):
+    """A new token: `token` is shown now only (the server keeps its digest)."""
+    id: int
+    token: str
+    user: str
+    project: str | None
+    label: str | None
+
+
+class AuditEntry(BaseModel):
+    id: int
+    at: datetime
+    actor: str = Field(description="the user who acted (admin: TRAINYARD_API_TOKEN)")
+    project: str | None = Field(description="the project the actor acted in (null: an admin across them)")
+    action: str
+    target: str | None = Field(description='what it acted on: "job 7", "user ann", "token 3", "worker w1"...')
+    detail: dict[str, Any] | None
+    client: str | None = Field(description="the client's address")
+
+
+class Me(BaseModel):
+    """Who the request's token acts as."""
+    user: str
+    admin: bool
+    project: str | None = Field(description="the project its requests act in (null: an admin across all)")

@@ -1,0 +1,30 @@
+"""What a principal may see of jobs: its project's (an admin: every project's, and the rows from before accounts,
+whose project is NULL). Any other job answers exactly as a missing one does (NotFound with the same message), so
+that another project's ids are never disclosed; lists and counts keep `job_scope`'s rows. (Sweeps: sweep_reads,
+given who asks.) Torch-free.
+"""
+from sqlalchemy.engine import Engine
+from sqlalchemy.sql.elements import ColumnElement
+
+from trainyard.app import job_reads
+from trainyard.app.accounts import Principal, project_rows
+from trainyard.app.db import jobs
+from trainyard.app.errors import NotFound
+from trainyard.app.records import Job
+
+
+def job_for(engine: Engine, who: Principal | None, job_id: int) -> Job:
+    """The job, if `who` may see it (None: the service itself, which sees all); else NotFound, as for an id that
+    was never given."""
+    return seen(who, job_reads.get_job(engine, job_id))
+
+
+def seen(who: Principal | None, job: Job) -> Job:
+    if who is not None and not who.sees(job.project_id):
+        raise NotFound(f"job {job.id} not found")
+    return job
+
+
+def job_scope(who: Principal) -> ColumnElement[bool] | None:
+    """The condition on the jobs table a list (and its count) keeps for `who`; None: every row (an admin)."""
+    return project_rows(jobs, who)
