@@ -24,6 +24,7 @@ from trainyard.app.tables import (  # noqa: F401 (re-exported: the tables are im
     members,
     metadata,
     metrics,
+    project_usage,
     projects,
     storage_usage,
     sweep_log,

@@ -52,6 +52,7 @@ class Job:
     reclaimed: dict[str, Any] | None = None  # {"at", "why"}: retention removed its files (app/retention.py)
     project_id: int | None = None  # its project and who submitted it (app/accounts.py); None: the admin's
     owner: str | None = None
+    preempt_requested_at: float | None = None  # the scheduler wants its device for another job (app/preemption.py)
 
     @classmethod
     def from_row(cls, row) -> "Job":

@@ -77,6 +77,8 @@ jobs = Table(
     # Who submitted it, in which project (app/accounts.py); NULL: the admin token, or a release before accounts.
     Column("project_id", Integer, index=True),
     Column("owner", String(100)),
+    # When the scheduler asked the job's worker to stop it for a job that outranks it (app/preemption.py).
+    Column("preempt_requested_at", Float),
     Index("ix_jobs_claim_order", "state", "priority", "id"),
     # Idle workers ask often whether anything fits their device: answer without scanning the queue.
     Index("ix_jobs_queued_device", "state", "device_req"),
@@ -237,4 +239,14 @@ audit = Table(
     Column("detail", JSON),
     Column("client", String(100)),
     sqlite_autoincrement=True,
+)
+
+# The bytes and objects each project holds in the store, at the collector's last listing (app/collector.py): what
+# a project's stored_bytes limit is checked against.
+project_usage = Table(
+    "project_usage", metadata,
+    Column("project_id", Integer, primary_key=True),
+    Column("bytes", BigInteger, nullable=False),
+    Column("objects", BigInteger, nullable=False),
+    Column("measured_at", Float, nullable=False),
 )

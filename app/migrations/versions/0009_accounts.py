@@ -1,5 +1,6 @@
-"""Accounts: users in projects, their tokens (stored as SHA-256 digests), the audit record, and the project and
-owner of each job and sweep. Jobs and sweeps of earlier releases belong to no project: admins see them.
+"""Accounts: users in projects, their tokens (stored as SHA-256 digests), the audit record, the project and
+owner of each job and sweep, what each project stores (project_usage), and a job's preemption request. Jobs and
+sweeps of earlier releases belong to no project: admins see them.
 
 Revision ID: 0009
 Revises: 0008
@@ -18,6 +19,14 @@ def upgrade() -> None:
         op.add_column(table, sa.Column("project_id", sa.Integer))
         op.add_column(table, sa.Column("owner", sa.String(100)))
         op.create_index(f"ix_{table}_project_id", table, ["project_id"])
+    op.add_column("jobs", sa.Column("preempt_requested_at", sa.Float))
+    op.create_table(
+        "project_usage",
+        sa.Column("project_id", sa.Integer, primary_key=True),
+        sa.Column("bytes", sa.BigInteger, nullable=False),
+        sa.Column("objects", sa.BigInteger, nullable=False),
+        sa.Column("measured_at", sa.Float, nullable=False),
+    )
     op.create_table(
         "projects",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
@@ -68,6 +77,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_table("project_usage")
+    op.execute("ALTER TABLE jobs DROP COLUMN preempt_requested_at")
     op.drop_index("ix_audit_action", table_name="audit")
     op.drop_table("audit")
     op.drop_index("ix_tokens_user_id", table_name="tokens")
