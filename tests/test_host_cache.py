@@ -13,7 +13,6 @@ from tests.service import Service
 from trainyard.app import host_cache, storage
 from trainyard.app.layout import Layout, locked
 
-NOW = time.time()
 COPY_FOLDERS = ("artifacts", "checkpoints", "logs", "datasets/uploads")
 
 
@@ -29,7 +28,8 @@ def put(store: storage.Store, key: str, size: int, age: float, publish: bool = T
     path.write_bytes(os.urandom(size))
     if publish:
         store.publish(path)
-    os.utime(path, (NOW - age, NOW - age))
+    now = time.time()  # not the module's import time: a test may run minutes after it (xdist)
+    os.utime(path, (now - age, now - age))
     return path
 
 
@@ -77,7 +77,7 @@ def test_young_files_are_spared_even_past_the_cap(store):
     assert host_cache.evict(store, cap_bytes=0, grace_s=60) == ["artifacts/1/run-1/model.pt"]
     assert not old.exists() and all(p.exists() for p in young)  # not published yet, maybe: never deleted
     assert host_cache.measure(store) == (300, 3)
-    assert len(host_cache.evict(store, cap_bytes=0, grace_s=60, now=NOW + 60)) == 3  # once past the grace
+    assert len(host_cache.evict(store, cap_bytes=0, grace_s=60, now=time.time() + 60)) == 3  # once past the grace
 
 
 def test_hidden_files_and_other_folders_are_untouched(store):

@@ -205,11 +205,11 @@ def tiny_disk(tmp_path):
 def fill(path: Path) -> Path:
     """Write a file until the filesystem is full."""
     filler = path / "filler"
-    with open(filler, "wb") as f:
+    # Unbuffered: a buffered file keeps what the full disk refused and fails again when closed.
+    with open(filler, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError as e:
             assert e.errno == errno.ENOSPC
     return filler
