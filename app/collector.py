@@ -1,5 +1,6 @@
 """The collector: apply the retention rules, then remove every stored object that no row references, and measure
-what the store holds (storage_usage: /storage, trainyard_storage_bytes and _objects in /metrics).
+what the store holds (storage_usage: /storage, trainyard_storage_bytes and _objects in /metrics), and each project
+(project_usage: app/project_storage.py, for the stored_bytes limit).
 
 One pass (`collect`): the rules first (app/retention.py: rows only), then a listing of the store, then the
 referenced set read from the rows, then the deletes. Reading the rows after listing is what makes it safe beside
@@ -30,7 +31,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
-from trainyard.app import counters, host_cache, retention
+from trainyard.app import counters, host_cache, project_storage, retention
 from trainyard.app.db import db_now, jobs, read, storage_usage, write
 from trainyard.app.layout import EXPORT_FILES, UPLOAD_META_FILE
 from trainyard.app.references import ACTIVE
@@ -146,8 +147,11 @@ def collect(engine: Engine, settings: Settings, shift_s: float = 0.0) -> Report:
                  len(doomed), sum(e.size for e in doomed), store.describe())
     evicted = host_cache.evict(store, settings.cache_bytes, settings.collect_grace_s) if store.remote else []
     gone = {e.key for e in doomed}
-    usage = _measure([e for e in listing if e.key not in gone], store)
+    kept = [e for e in listing if e.key not in gone]
+    usage = _measure(kept, store)
+    by_project = project_storage.measure(engine, store, kept)
     with write(engine) as conn:
+        project_storage.record(conn, by_project, usage[0].measured_at)
         # An upsert: two passes at once (two hosts' collectors, or POST /storage/collect beside one) both write.
         dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
         stmt = dialect.insert(storage_usage).values([asdict(u) for u in usage])

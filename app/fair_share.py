@@ -1,4 +1,5 @@
-"""Fair share between projects, and their limits on devices: which project's queued job a free device goes to.
+"""Fair share between projects, and their limits on devices and GPU memory: which project's queued job a free
+device goes to.
 
 The next claim goes to the project with the least recent device time for its share, as Slurm's fair-share does:
 each project's device-seconds (a run's length times its devices), each weighed down by half every
@@ -12,12 +13,19 @@ The device time is read from the jobs' rows at each claim: every job that runs o
 (their weight past it is under 1/256). A job's earlier runs (before a retry or a requeue) are not in its row and
 are not counted: a preempted job's project is under-counted by its lost run.
 
-A project's `devices` limit (projects.limits) caps the devices its running jobs hold at once: its queued jobs
-are not eligible while it is at the limit (`limited`), and wait saying so (`at_limit`).
+A project's limits (projects.limits) on what its running jobs hold at once are kept here, at the claim: its
+queued jobs are not eligible past them (`limited`), and wait saying which (`at_limit`); none fails for them.
+  - `devices`: the devices its running jobs hold, this one's included, at most the limit;
+  - `gpu_memory_gb`: the GPU memory its running jobs stated (resources.gpu_memory_gb, without the headroom a
+    slot adds for a CUDA context), this one's included, at most the limit times 1e9 bytes. A job of such a
+    project that may run on a GPU (device other than cpu) and states no memory waits too: it could take a whole
+    GPU. So does a multi-device one (it takes whole GPUs and may state none): such a project runs those on the
+    CPU. Running jobs that stated nothing (from before the limit) count as nothing.
+The limits checked at submit (queued jobs, running sweeps, stored bytes) are app/quotas.py's.
 """
 from typing import Any
 
-from sqlalchemy import and_, case, func, literal, or_, select
+from sqlalchemy import and_, case, func, literal, or_, select, true
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -55,29 +63,89 @@ def rank(conn: Connection, half_life_s: float) -> ColumnElement[Any]:
     return case(ranks, value=jobs.c.project_id, else_=case((jobs.c.project_id.is_(None), alone), else_=0.0))
 
 
-def limited() -> ColumnElement[bool]:
-    """The job's project may start it now: no `devices` limit, or its running jobs and this one within it."""
-    other = jobs.alias("project_running")
-    cap = select(projects.c.limits["devices"].as_integer()).where(projects.c.id == jobs.c.project_id) \
-        .scalar_subquery()
-    held = select(func.coalesce(func.sum(func.coalesce(other.c.devices, 1)), 0)).where(
+def limited(device: str | None = None) -> ColumnElement[bool]:
+    """The job's project may start it now: within its `devices` and `gpu_memory_gb` limits (those it has), with
+    its running jobs. device: the claiming worker's ("cpu": a job that states no memory runs on the CPU there, so
+    the memory limit does not hold it back; None: any worker, so it does)."""
+    return or_(jobs.c.project_id.is_(None), and_(_within_devices(), _within_memory(device)))
+
+
+def _limit(key: str, as_float: bool = False) -> Any:
+    value = projects.c.limits[key]
+    return select(value.as_float() if as_float else value.as_integer()).where(
+        projects.c.id == jobs.c.project_id).scalar_subquery()
+
+
+def _held(column: Any, default: int) -> Any:
+    """The sum of a column over the job's project's running jobs."""
+    other = jobs.alias(f"project_running_{column}")
+    return select(func.coalesce(func.sum(func.coalesce(other.c[column], default)), 0)).where(
         other.c.state == RUNNING, other.c.project_id == jobs.c.project_id).scalar_subquery()
-    return or_(jobs.c.project_id.is_(None), cap.is_(None), held + func.coalesce(jobs.c.devices, 1) <= cap)
+
+
+def _within_devices() -> ColumnElement[bool]:
+    cap = _limit("devices")
+    return or_(cap.is_(None), _held("devices", 1) + func.coalesce(jobs.c.devices, 1) <= cap)
+
+
+def _within_memory(device: str | None) -> ColumnElement[bool]:
+    cap = _limit("gpu_memory_gb", as_float=True)
+    unstated = jobs.c.device_req == "cpu" if device != "cpu" else true()
+    stated = and_(jobs.c.need_gpu_memory.is_not(None),
+                  _held("need_gpu_memory", 0) + jobs.c.need_gpu_memory <= cap * 1e9)
+    return or_(cap.is_(None), and_(jobs.c.need_gpu_memory.is_(None), unstated), stated)
 
 
 def at_limit(conn: Connection, queued: list[Job]) -> dict[int, str]:
-    """Why each of these queued jobs waits for its project's `devices` limit (only those that do)."""
+    """Why each of these queued jobs waits for its project's `devices` or `gpu_memory_gb` limit (only those that
+    do). A job that states no GPU memory is said to wait for it whenever it may run on a GPU: this reading does not
+    know which worker would take it."""
     wanted = {j.project_id for j in queued if j.project_id is not None}
     if not wanted:
         return {}
-    caps = {r.id: (r.name, (r.limits or {}).get("devices")) for r in conn.execute(
+    limits = {r.id: (r.name, r.limits or {}) for r in conn.execute(
         select(projects.c.id, projects.c.name, projects.c.limits).where(projects.c.id.in_(wanted)))}
-    held = dict(conn.execute(select(jobs.c.project_id, func.sum(func.coalesce(jobs.c.devices, 1))).where(
-        and_(jobs.c.state == RUNNING, jobs.c.project_id.in_(wanted))).group_by(jobs.c.project_id)).all())
+    held = {r.project_id: (int(r.devices or 0), int(r.memory or 0)) for r in conn.execute(
+        select(jobs.c.project_id, func.sum(func.coalesce(jobs.c.devices, 1)).label("devices"),
+               func.sum(func.coalesce(jobs.c.need_gpu_memory, 0)).label("memory")).where(
+            and_(jobs.c.state == RUNNING, jobs.c.project_id.in_(wanted))).group_by(jobs.c.project_id))}
     out = {}
     for j in queued:
-        name, cap = caps.get(j.project_id, (None, None)) if j.project_id is not None else (None, None)
-        if cap is not None and (held.get(j.project_id) or 0) + (j.devices or 1) > cap:
-            out[j.id] = (f"project {name} is at its limit of {cap} device{'s' if cap != 1 else ''} in use at once "
-                         f"({held.get(j.project_id) or 0} held by its running jobs)")
+        if j.project_id is None or j.project_id not in limits:
+            continue
+        name, lim = limits[j.project_id]
+        why = _over(j, name, lim, *held.get(j.project_id, (0, 0)))
+        if why:
+            out[j.id] = why
     return out
+
+
+def _over(j: Job, name: str, lim: dict[str, Any], devices: int, memory: int) -> str | None:
+    cap, gb = lim.get("devices"), lim.get("gpu_memory_gb")
+    if cap is not None and devices + (j.devices or 1) > cap:
+        return (f"project {name} is at its limit of {cap} device{'s' if cap != 1 else ''} in use at once "
+                f"({devices} held by its running jobs)")
+    if gb is None:
+        return None
+    if j.need_gpu_memory is None and j.device_req != "cpu":
+        if (j.devices or 1) > 1:
+            return (f"project {name} limits its GPU memory to {gb:g} GB (gpu_memory_gb): a job on several GPUs "
+                    "takes them whole and may not run there; ask for device cpu, or ask an admin")
+        return (f"project {name} limits its GPU memory to {gb:g} GB (gpu_memory_gb): a job that may run on a GPU "
+                "must state resources.gpu_memory_gb (or ask for device cpu)")
+    if j.need_gpu_memory is not None and memory + j.need_gpu_memory > gb * 1e9:
+        return (f"project {name} is at its limit of {gb:g} GB of GPU memory in use at once (gpu_memory_gb): its "
+                f"running jobs stated {memory / 1e9:.1f} GB, this one {j.need_gpu_memory / 1e9:.1f} GB")
+    return None
+
+
+def standing(used: dict[int | None, float], shares: dict[int, float],
+             active: set[int | None]) -> dict[int | None, float]:
+    """Each active project's part of the active projects' decayed device time (`used`: usage's) over its part of
+    their shares (`shares`: by project id; jobs of no project weigh 1): under 1.0 it is under its fair share, over
+    1.0 over it. Before anything has run, every project stands at 1.0 (app/preemption.py)."""
+    share = {p: max(shares.get(p, 1.0) if p is not None else 1.0, 1e-9) for p in active}
+    total_used, total_share = sum(used.get(p, 0.0) for p in active), sum(share.values())
+    if total_used <= 0:
+        return {p: 1.0 for p in active}
+    return {p: (used.get(p, 0.0) / total_used) / (share[p] / total_share) for p in active}

@@ -59,7 +59,7 @@ def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str |
     else:
         needs.append(or_(jobs.c.need_gpu_memory.is_(None), jobs.c.need_gpu_memory + slot.headroom <= slot.budget))
     needs.append(dependencies.ready())
-    needs.append(fair_share.limited())
+    needs.append(fair_share.limited(device))
     return and_(jobs.c.state == QUEUED, jobs.c.device_req.in_(device_names.accepted_by(device)), *needs)
 
 

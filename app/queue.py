@@ -270,10 +270,11 @@ def _fail_row(conn, job_id: int, claim_no: int, row, error: dict) -> str:
 
 
 def requeue_preempted(engine: Engine, job_id: int, claim_no: int) -> bool:
-    """The worker is shutting down: put the job back without using up an attempt."""
+    """The worker is shutting down, or the scheduler wants the device: the job goes back without using an attempt."""
     with write(engine) as conn:
         res = conn.execute(update(jobs).where(_fenced(job_id, claim_no)).values(
-            state=QUEUED, attempt=jobs.c.attempt - 1, worker_id=None, lease_expires_at=None, queued_at=db_now()))
+            preempt_requested_at=None, state=QUEUED, attempt=jobs.c.attempt - 1, worker_id=None,
+            lease_expires_at=None, queued_at=db_now()))
         counters.add(conn, counters.preempted() if res.rowcount == 1 else {})
         wakeup.notify(conn)
     return res.rowcount == 1

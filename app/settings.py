@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     # How often the collector runs, and how young an unreferenced object must be to be spared (a write in flight).
     collect_s: float = Field(600.0, gt=0)
     collect_grace_s: float = Field(600.0, ge=0)
+    # Priority preemption (app/preemption.py): a running job gives its device up only after running this long
+    # since it was claimed, so that a job is never preempted twice in a row within it.
+    preempt_min_run_s: float = Field(600.0, ge=0)
 
     # Fair share between projects (app/fair_share.py): a run's device time counts half after this long.
     fair_share_half_life_s: float = Field(4 * 3600.0, gt=0)

@@ -6,7 +6,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 
-from trainyard.app import admission
+from trainyard.app import admission, quotas
 from trainyard.app.accounts import Principal
 from trainyard.app.errors import Invalid
 from trainyard.app.settings import Settings
@@ -35,7 +35,9 @@ ADMIT_CALLS = 32
 def admit(engine: Engine, settings: Settings, spec: SweepSpec, who: Principal | None = None) -> None:
     """Refuse a sweep that cannot run (Invalid), naming the field: each path must be a field of the base job,
     ranges only on numbers, and every value checked, and the base job itself, must make a job the spec and
-    the fleet accept, as `who` submits it (a model job or an upload of another project does not exist)."""
+    the fleet accept, as `who` submits it (a model job or an upload of another project does not exist); and within
+    who's project's running_sweeps and stored_bytes limits (Conflict: app/quotas.py)."""
+    quotas.check_sweep(engine, who)
     _admit_choices(spec)
     kind, base = spec.job.kind, spec.job.model_dump(mode="json")
     admitted = min(ADMIT_VALUES, max(1, ADMIT_CALLS // len(spec.parameters)))  # values per parameter

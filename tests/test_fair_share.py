@@ -1,13 +1,13 @@
 """Fair share between projects and their device limits at the claim (app/fair_share.py, app/placement.py), on
 both databases: the project with the least recent device time for its share is served first, whatever the
 priorities and ages of other projects' jobs; device time fades by half each half-life; a project at its
-`devices` limit is skipped and its jobs say why."""
+`devices` or `gpu_memory_gb` limit is skipped and its jobs say why."""
 import time
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from tests.conftest import tiny_job
-from trainyard.app import accounts, fair_share, queue
+from trainyard.app import accounts, fair_share, placement, queue
 from trainyard.app.db import jobs, read, write
 from trainyard.app.job_reads import get_job
 from trainyard.app.spec import parse_spec
@@ -16,8 +16,8 @@ from trainyard.app.submit import enqueue
 HOUR = 3600.0
 
 
-def queued(engine, project_id: int | None, priority: int = 0) -> int:
-    job_id = enqueue(engine, parse_spec({**tiny_job(), "priority": priority}))[0].id
+def queued(engine, project_id: int | None, priority: int = 0, **over) -> int:
+    job_id = enqueue(engine, parse_spec({**tiny_job(), "priority": priority, **over}))[0].id
     with write(engine) as conn:
         conn.execute(update(jobs).where(jobs.c.id == job_id).values(project_id=project_id))
     return job_id
@@ -77,3 +77,41 @@ def test_a_project_alone_uses_every_device_and_one_at_its_limit_waits(engine):
     assert {queue.claim(engine, "w2", "cpu", 30).id, queue.claim(engine, "w3", "cpu", 30).id} == {b1, b2}
     queue.succeed(engine, a1, 1, {}, None)
     assert queue.claim(engine, "w1", "cpu", 30).id == a2
+
+
+def gpu_job(engine, project_id: int, gb: float | None, **over) -> int:
+    if gb:
+        over["resources"] = {"gpu_memory_gb": gb}
+    return queued(engine, project_id, device="auto", **over)
+
+
+def test_a_project_at_its_gpu_memory_limit_waits_as_does_its_gpu_job_that_states_none(engine):
+    alpha, beta = two_projects(engine)
+    accounts.set_project(engine, "alpha", limits={"gpu_memory_gb": 30})
+    gpu = placement.Slot("GPU-aaaa", budget=80 * 10**9)
+    a1, a2, a3 = gpu_job(engine, alpha, 20), gpu_job(engine, alpha, 20), gpu_job(engine, alpha, 10)
+    whole, wide = gpu_job(engine, alpha, None), gpu_job(engine, alpha, None, devices=2)
+    on_cpu = queued(engine, alpha, device="cpu")
+    assert queue.claim(engine, "w1", "cuda:0", 30, None, gpu).id == a1
+    assert queue.claim(engine, "w2", "cuda:0", 30, None, gpu).id == a3   # 20 + 20 > 30 GB: a2 waits, 10 fits
+    assert queue.claim(engine, "w3", "cuda:0", 30, None, gpu) is None    # a2 over it, whole and wide state none
+    with read(engine) as conn:
+        why = fair_share.at_limit(conn, [get_job(engine, j) for j in (a2, whole, wide, on_cpu)])
+    assert why[a2] == ("project alpha is at its limit of 30 GB of GPU memory in use at once (gpu_memory_gb): its "
+                       "running jobs stated 30.0 GB, this one 20.0 GB")
+    assert "a job that may run on a GPU must state resources.gpu_memory_gb" in why[whole]
+    assert "a job on several GPUs takes them whole" in why[wide]
+    assert on_cpu not in why
+    # Another project is not held back by alpha's limit, nor is alpha's CPU job.
+    b = gpu_job(engine, beta, 40)
+    assert queue.claim(engine, "w4", "cuda:0", 30, None, gpu).id == b
+    # A CPU worker's claim may take the job that states no memory (it runs on the CPU there), oldest first.
+    assert queue.claim(engine, "w5", "cpu", 30).id == whole
+    assert queue.claim(engine, "w6", "cpu", 30).id == on_cpu
+    with read(engine) as conn:
+        anywhere = set(conn.execute(select(jobs.c.id).where(jobs.c.state == "queued", fair_share.limited())).scalars())
+        on_a_cpu = set(conn.execute(select(jobs.c.id).where(jobs.c.state == "queued",
+                                                            fair_share.limited("cpu"))).scalars())
+    assert wide not in anywhere and a2 not in anywhere and a2 not in on_a_cpu
+    queue.succeed(engine, a1, 1, {}, None)
+    assert queue.claim(engine, "w1", "cuda:0", 30, None, gpu).id == a2

@@ -58,7 +58,7 @@ class JobRun:
     output: InitVar[Connection | None] = None  # the read end of the job process's stdout/stderr pipe
     started: float = field(default_factory=time.monotonic)
     outcome: str | None = None          # succeeded / failed / queued / lost
-    stop_reason: str | None = None      # why we are stopping the process: shutdown, timeout, memory
+    stop_reason: str | None = None      # why we are stopping the process: shutdown, preempt, timeout, memory
     stop_deadline: float | None = None
     checkpoint: str | None = None       # the latest recorded checkpoint: older ones are deleted
     watch: memory.Watch | None = None
@@ -167,14 +167,16 @@ class JobRun:
         self.fail(error_record(Failure.CRASHED, "JobProcessDied", f"the job process {how} without reporting a result"))
 
     def stopped(self) -> None:
-        """The job process was stopped (it checkpointed first if it could): why decides what follows.
-        A SIGTERM we did not send (systemd, a container runtime signalling every process) is a shutdown."""
-        if self.stop_reason in (None, "shutdown"):
+        """The job process was stopped (it checkpointed first if it could): why decides what follows (a shutdown
+        or a preemption requeues it, a timeout fails it). A SIGTERM we did not send (systemd, a container runtime
+        signalling every process) is a shutdown."""
+        if self.stop_reason in (None, "shutdown", "preempt"):
             if self.worker.stopping:
                 self.worker.mark_stopping(self.job.id)
             self.sum_up()
             self.outcome = "queued" if self.db(queue.requeue_preempted) else "lost"
-            self.log("requeued without using an attempt (worker shutting down)")
+            why = "preempted for a job of higher priority" if self.stop_reason == "preempt" else "worker shutting down"
+            self.log(f"requeued without using an attempt ({why})")
         else:
             self.fail(error_record(Failure.TIMEOUT, "Timeout",
                                    f"the job ran past its timeout_s of {self.job.timeout_s} s and was stopped"))

@@ -1,5 +1,5 @@
 """The supervisor's loop over one job process: renew the lease, check the fence, watch its memory, stop
-it on shutdown, cancel or timeout, and turn its events into fenced writes. Torch-free.
+it on shutdown, cancel, timeout or preemption, and turn its events into fenced writes. Torch-free.
 
 What the loop decides is kept on the JobRun (worker/job_run.py); a write that changes nothing means
 the job is no longer ours, and our copy is stopped at once.
@@ -8,7 +8,7 @@ import logging
 import time
 from pathlib import Path
 
-from trainyard.app import queue
+from trainyard.app import preemption, queue
 from trainyard.app.layout import ARTIFACT_FILES
 from trainyard.app.spec import MAX_META_FILE_BYTES, MAX_METRIC_KEYS, MAX_METRIC_NAME
 from trainyard.app.states import Failure, error_record
@@ -45,9 +45,12 @@ def supervise(run: JobRun) -> None:
             next_fence = now + FENCE_CHECK_S
             if run.watch is not None and run.watch.over() and run.stop_reason != "memory":
                 run.begin_stop("memory", 0)
-            if not run.db(queue.still_ours):
+            fenced = run.db(preemption.fence)
+            if fenced == "lost":
                 run.lost()
                 break
+            if fenced == "preempt" and run.stop_reason is None:  # its device goes to a job of higher priority
+                run.begin_stop("preempt", settings.grace_s)
         if now >= next_renew:
             next_renew = now + settings.heartbeat_s
             if not run.db(queue.renew, settings.lease_s):

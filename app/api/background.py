@@ -1,11 +1,12 @@
 """The server's background duties: the lease reaper, the sweeps' driver, the failing of jobs whose
-dependencies will never succeed, and the storage collector (app/collector.py), each a thread of its own.
+dependencies will never succeed, the storage collector (app/collector.py) and the preemption pass
+(app/preemption.py), each a thread of its own.
 
 The reaper and the driver run in every server process and do their work in one per host, the holder of a file
-lock (settings.layout's housekeeping and sweeps locks); the collector runs in the process whose reaper holds
-the housekeeping lock: `serve --workers N` starts N processes, and if the
-holder dies the lock is free and another takes over. `Duties.start` is called when the app starts
-serving, `stop` when it shuts down.
+lock (settings.layout's housekeeping and sweeps locks); the collector and the preemption pass run in the process
+whose reaper holds the housekeeping lock: `serve --workers N` starts N processes, and if the holder dies the
+lock is free and another takes over. `Duties.start` is called when the app starts serving, `stop` when it shuts
+down.
 """
 import fcntl
 import logging
@@ -15,12 +16,14 @@ from pathlib import Path
 
 from sqlalchemy.engine import Engine
 
-from trainyard.app import collector, dependents, queue, search
+from trainyard.app import collector, dependents, preemption, queue, search
 from trainyard.app.settings import Settings
 
 log = logging.getLogger("trainyard.api")
 # How often queued jobs are checked for a dependency that failed, was cancelled, pruned or deleted.
 DEPENDENCY_PASS_S = 0.25
+# How often the housekeeper looks for a queued job that should preempt a running one.
+PREEMPTION_PASS_S = 1.0
 
 
 class Duties:
@@ -36,6 +39,8 @@ class Duties:
                                                 self.housekeeper), daemon=True, name="lease-reaper"),
             threading.Thread(target=collect, args=(engine, settings, self.stopping, self.housekeeper),
                              daemon=True, name="collector"),
+            threading.Thread(target=preempt, args=(engine, settings, self.stopping, self.housekeeper),
+                             daemon=True, name="preemption"),
             threading.Thread(target=self.searcher.run, args=(self.stopping, layout.sweeps_lock),
                              daemon=True, name="sweeps"),
             threading.Thread(target=watch_dependencies, args=(engine, DEPENDENCY_PASS_S, self.stopping),
@@ -101,3 +106,15 @@ def collect(engine: Engine, settings: Settings, stop: threading.Event, housekeep
                      report.took_s)
         except Exception:
             log.exception("collector")
+
+
+def preempt(engine: Engine, settings: Settings, stop: threading.Event, housekeeper: threading.Event) -> None:
+    """A preemption pass every PREEMPTION_PASS_S, in the host's housekeeper process only (two passes at once
+    would each ask a victim of one device class)."""
+    while not stop.wait(PREEMPTION_PASS_S):
+        if not housekeeper.is_set():
+            continue
+        try:
+            preemption.run_pass(engine, settings)
+        except Exception:
+            log.exception("preemption")

@@ -16,8 +16,8 @@ Count = Annotated[int, Field(ge=0)]
 
 
 class Limits(BaseModel):
-    """A project's limits: only these keys, each a number >= 0 (null, in a PATCH, removes it). Stored now,
-    enforced by a later release."""
+    """A project's limits: only these keys, each a number >= 0 (null, in a PATCH, removes it). devices and
+    gpu_memory_gb hold its jobs back at the claim (app/fair_share.py), the others refuse its submits (app/quotas.py)."""
     model_config = ConfigDict(extra="forbid", strict=True)
     devices: Count | None = Field(None, description="devices its running jobs may hold at once")
     gpu_memory_gb: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = Field(
@@ -71,6 +71,8 @@ class ProjectPublic(BaseModel):
     limits: dict[str, Any]
     created_at: datetime | None = None
     members: list[str]
+    stored_bytes: int | None = Field(None, description="GET /admin/projects: the bytes its jobs' and datasets' "
+                                     "files held in the store at the collector's last pass (0 before the first)")
 
 
 class TokenCreate(BaseModel):

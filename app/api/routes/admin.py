@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response
 
-from trainyard.app import accounts, audit
+from trainyard.app import accounts, audit, project_storage
 from trainyard.app.api.deps import AdminDep, EngineDep, WhoDep, client_address, require_admin
 from trainyard.app.api.schemas import responses, ts
 from trainyard.app.api.schemas_admin import (
@@ -63,14 +63,16 @@ def add_user(body: UserCreate, request: Request, engine: EngineDep, who: AdminDe
 
 @router.get("/projects", response_model=list[ProjectPublic], operation_id="list_projects")
 def list_projects(engine: EngineDep) -> list[dict]:
-    return accounts.list_projects(engine)
+    """Every project, with what its files held in the store at the collector's last pass (stored_bytes)."""
+    stored = project_storage.stored(engine)
+    return [{**p, "stored_bytes": stored.get(p["id"], 0)} for p in accounts.list_projects(engine)]
 
 
 @router.post("/projects", response_model=ProjectPublic, status_code=201, operation_id="add_project",
              responses=responses(conflict="a project of that name exists"))
 def add_project(body: ProjectCreate, request: Request, engine: EngineDep, who: AdminDep) -> dict:
     """A new project, with its share of the fleet and its limits (devices, gpu_memory_gb, queued_jobs,
-    running_sweeps, stored_bytes). The limits are checked and stored now; a later release enforces them."""
+    running_sweeps, stored_bytes): a job over one waits or is refused at submit, never fails (docs/teams.md)."""
     limits = body.limits.model_dump(exclude_none=True)
     made = accounts.add_project(engine, body.name, body.share, limits)
     _record(request, who, "project_add", f"project {body.name}", {"share": body.share, "limits": limits})
@@ -82,7 +84,7 @@ def add_project(body: ProjectCreate, request: Request, engine: EngineDep, who: A
 def update_project(name: ProjectName, body: ProjectUpdate, request: Request, engine: EngineDep,
                    who: AdminDep) -> dict:
     """Change a project's share or limits. Limits are merged: a key given replaces that limit, a key given as
-    null removes it, a key left out stays. The limits are checked and stored now; a later release enforces them."""
+    null removes it, a key left out stays. A job over a limit waits or is refused at submit (docs/teams.md)."""
     limits = None
     if body.limits is not None:
         given = body.limits.model_dump(exclude_unset=True)

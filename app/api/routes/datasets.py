@@ -7,7 +7,7 @@ from fastapi import APIRouter, File, Form, Request, Response, UploadFile
 from fastapi import Path as PathParam
 from pydantic import BaseModel, Field
 
-from trainyard.app import audit, references, uploads
+from trainyard.app import audit, quotas, references, uploads
 from trainyard.app.api.deps import EngineDep, SettingsDep, WhoDep, client_address
 from trainyard.app.api.schemas import responses
 from trainyard.app.db import read
@@ -50,7 +50,8 @@ def make_router(settings: Settings) -> APIRouter:
         "", upload_dataset, methods=["POST"], status_code=201, response_model=DatasetPublic,
         operation_id="upload_dataset", max_body_size=settings.max_upload_bytes + FORM_OVERHEAD_BYTES,
         form_limits={"max_files": 1, "max_fields": 4},
-        responses=responses(too_large="the file (or what it unpacks to) is over a limit or the quota"))
+        responses=responses(too_large="the file (or what it unpacks to) is over a limit or the quota",
+                            conflict="the project stores its stored_bytes limit or more"))
     router.add_api_route("", list_datasets, methods=["GET"], response_model=DatasetsPublic,
                          operation_id="list_datasets")
     missing = responses(not_found="no such dataset")
@@ -68,7 +69,8 @@ def upload_dataset(
         label_column: Annotated[str | None, Form(max_length=1000, description="CSV: the column of class labels")]
         = None) -> DatasetPublic:
     """Validate and store a dataset, the caller's in their project; their project's train and predict jobs then
-    name it as `upload:<id>`."""
+    name it as `upload:<id>`. 409 while their project stores its stored_bytes limit or more."""
+    quotas.check_storage(engine, who)
     meta = uploads.store(file.file, file.filename, settings.store, label_column,
                          uploads.Limits.from_settings(settings), who)
     audit.record(engine, who, "upload", f"dataset {meta['id']}", client_address(request),
