@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import select
 
 from tests.conftest import on_both_backends, tiny_job
-from tests.service import ROOT
 from tests.teams import make_team, service_engine
+from tests.test_uploads import iris_csv
 from trainyard.app import accounts, audit, sweep_reads, sweep_store, uploads
 from trainyard.app.db import jobs, projects, read
 from trainyard.app.errors import NotFound
@@ -21,15 +21,6 @@ from trainyard.app.spec import SweepSpec
 
 service_backend = on_both_backends()
 MISSING = 2**31 - 1  # an id never given (MAX_ID itself is a 500 on PostgreSQL: its id columns are int4)
-
-
-def iris_csv() -> bytes:
-    """The iris dataset as a user would upload it: a header, four features, the class by name."""
-    lines = (ROOT / "worker" / "datasets" / "iris.csv").read_text().splitlines()
-    names = lines[0].split(",")[2:]
-    rows = ["sepal_length,sepal_width,petal_length,petal_width,species"]
-    rows += [",".join([*v[:4], names[int(v[4])]]) for v in (line.split(",") for line in lines[1:])]
-    return ("\n".join(rows) + "\n").encode()
 
 
 @pytest.fixture
