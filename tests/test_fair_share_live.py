@@ -1,13 +1,17 @@
 """Fair share and device limits as users meet them: a real server and CPU workers, two projects' users
-submitting over HTTP with their own tokens. A project that queued 10 jobs behind another's 30 starts its first
-within one job's length and gets half the device while both have work; a project limited to one device never
-holds two workers, sampled every 100 ms, and its waiting job says why."""
+submitting over HTTP with their own tokens, on each database. A project that queued 10 jobs behind another's 30
+starts its first within one job's length and gets half the device while both have work; a project limited to one
+device never holds two workers, sampled every 100 ms, and its waiting job says why."""
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import nullcontext
 from datetime import datetime
 
 import pytest
 
+from bench.common import postgres_schema
+from tests.conftest import BACKENDS
 from tests.service import Service, probe_plugin, run_job
 from tests.teams import make_team, service_engine
 from trainyard.app import accounts
@@ -29,8 +33,15 @@ def naps(tmp_path_factory):
     return probe_plugin(tmp_path_factory.mktemp("naps"), "trainyard_fair_naps", NAP, ("nap",))
 
 
-def service(tmp_path, naps, workers: int) -> Service:
-    svc = Service(tmp_path / "data")
+@pytest.fixture(params=BACKENDS)
+def database(request) -> Iterator[str]:
+    """Each database's URL ("": SQLite in the data directory)."""
+    with postgres_schema("fair") if request.param == "postgres" else nullcontext("") as url:
+        yield url
+
+
+def service(tmp_path, naps, workers: int, database_url: str) -> Service:
+    svc = Service(tmp_path / "data", database_url)
     svc.start_server()
     for _ in range(workers):
         svc.start_worker("cpu", env={"PYTHONPATH": str(naps)})
@@ -56,8 +67,8 @@ def ts(text: str) -> float:
     return datetime.fromisoformat(text).timestamp()
 
 
-def test_a_project_behind_another_gets_its_turn_and_half_the_device(tmp_path, naps):
-    svc = service(tmp_path, naps, workers=1)
+def test_a_project_behind_another_gets_its_turn_and_half_the_device(tmp_path, naps, database):
+    svc = service(tmp_path, naps, 1, database)
     try:
         team = make_team(svc)
         with team.client("ann") as ann, team.client("ben") as ben:
@@ -85,8 +96,8 @@ def test_a_project_behind_another_gets_its_turn_and_half_the_device(tmp_path, na
     assert 0.4 <= share <= 0.6
 
 
-def test_a_project_at_its_device_limit_never_holds_two_workers_and_says_why(tmp_path, naps):
-    svc = service(tmp_path, naps, workers=2)
+def test_a_project_at_its_device_limit_never_holds_two_workers_and_says_why(tmp_path, naps, database):
+    svc = service(tmp_path, naps, 2, database)
     try:
         team = make_team(svc)
         engine = service_engine(svc)
