@@ -89,6 +89,7 @@ class Referenced:
         self.keys: set[str] = set()
         self.dirs: set[str] = set()             # every key under these folders
         self.runs: dict[str, str] = {}          # checkpoints/<id> -> "run-<claim>": a running job's own
+        self.projects: dict[int, int] = {}      # job id -> its project (jobs of a project only)
         self.export_ttl_s, self.now = export_ttl_s, now
 
     def holds(self, entry: Entry) -> bool:
@@ -109,9 +110,11 @@ def referenced(engine: Engine, settings: Settings, listing: list[Entry], now: fl
     rules, layout = retention.Rules.of(settings), settings.layout
     refs = Referenced(rules.export_ttl_s, objects_now)
     with read(engine) as conn:
-        rows = conn.execute(select(jobs.c.id, jobs.c.state, jobs.c.claim, jobs.c.artifact_path,
-                                   jobs.c.checkpoint_path, jobs.c.finished_at, jobs.c.pinned, jobs.c.reclaimed)).all()
+        rows = conn.execute(select(jobs.c.id, jobs.c.state, jobs.c.claim, jobs.c.artifact_path, jobs.c.checkpoint_path,
+                                   jobs.c.finished_at, jobs.c.pinned, jobs.c.reclaimed, jobs.c.project_id)).all()
     for row in rows:
+        if row.project_id is not None:
+            refs.projects[row.id] = row.project_id
         if row.state in ACTIVE:
             refs.dirs.add(layout.rel(layout.run_dir(row.id, row.claim)))
             refs.runs[layout.rel(layout.checkpoints(row.id))] = f"run-{row.claim}"
@@ -149,7 +152,7 @@ def collect(engine: Engine, settings: Settings, shift_s: float = 0.0) -> Report:
     gone = {e.key for e in doomed}
     kept = [e for e in listing if e.key not in gone]
     usage = _measure(kept, store)
-    by_project = project_storage.measure(engine, store, kept)
+    by_project = project_storage.measure(refs.projects, store, kept)
     with write(engine) as conn:
         project_storage.record(conn, by_project, usage[0].measured_at)
         # An upsert: two passes at once (two hosts' collectors, or POST /storage/collect beside one) both write.

@@ -15,7 +15,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from trainyard.app import uploads
-from trainyard.app.db import jobs, project_usage, read
+from trainyard.app.db import project_usage, read
 from trainyard.app.errors import NotFound
 from trainyard.app.storage import Entry, Store
 
@@ -24,10 +24,9 @@ _JOB_KEY = re.compile(r"(?:artifacts|checkpoints)/(\d+)/|logs/\.?(\d+)\.log")
 _UPLOAD_KEY = re.compile(r"datasets/uploads/([a-z0-9]{1,64})/")
 
 
-def measure(engine: Engine, store: Store, kept: list[Entry]) -> dict[int, tuple[int, int]]:
-    """Each project's (bytes, objects) among these objects (a listing of the store)."""
-    with read(engine) as conn:
-        owner = dict(conn.execute(select(jobs.c.id, jobs.c.project_id).where(jobs.c.project_id.is_not(None))).all())
+def measure(owner: dict[int, int], store: Store, kept: list[Entry]) -> dict[int, tuple[int, int]]:
+    """Each project's (bytes, objects) among these objects (a listing of the store); owner: each job's project
+    (the collector's read of the jobs' rows)."""
     upload_owner: dict[str, int | None] = {}
     totals: dict[int, list[int]] = {}
     for e in kept:
