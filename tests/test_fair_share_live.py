@@ -1,7 +1,8 @@
 """Fair share and device limits as users meet them: a real server and CPU workers, two projects' users
 submitting over HTTP with their own tokens, on each database. A project that queued 10 jobs behind another's 30
 starts its first within one job's length and gets half the device while both have work; a project limited to one
-device never holds two workers, sampled every 100 ms, and its waiting job says why."""
+device (12 jobs queued beside another's 6, two workers) never holds two workers, sampled every 100 ms, and its
+waiting job says why."""
 import threading
 import time
 from collections.abc import Iterator
@@ -114,8 +115,8 @@ def test_a_project_at_its_device_limit_never_holds_two_workers_and_says_why(tmp_
             sampler = threading.Thread(target=sample)
             sampler.start()
             try:
-                a = submit_all(ann, 30)
-                b = submit_all(ben, 10)
+                a = submit_all(ann, 12)
+                b = submit_all(ben, 6)
                 finished(svc, ben, b)
                 finished(svc, ann, a)
             finally:
