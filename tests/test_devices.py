@@ -1,6 +1,8 @@
 """The /devices payload builder, fed numbers shaped like a real 8x H100 host and like this CPU-only machine;
 which GPU a worker's device is (by UUID: mixed hosts, CUDA_VISIBLE_DEVICES's forms, MIG), and why a
 worker cannot use its device, from readings shaped like NVML's and torch's."""
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -246,6 +248,17 @@ def test_nvml_is_initialised_once_per_process(monkeypatch):
 # ---- a worker that cannot use its device says why, and what to do -------------------------------------------
 
 CU130 = {"torch_version": "2.14.1+cu130", "cuda_version": "13.0", "cudnn_version": "9.24.0"}
+
+
+def test_the_supervisor_stays_torch_free_through_its_warm_up():
+    """The worker's warm-up asks a child of the fork server about torch; its answer must not bring torch into
+    the supervisor (an unpickled TorchVersion did: 2 s of CPU and 300 MB at every worker's start)."""
+    probe = ("import sys; from trainyard.worker import fork_server; "
+             "info = fork_server.warm_up(fork_server.mp_context()); "
+             "print(info['torch_version'], 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    version, imported = out.stdout.split()
+    assert version == torch.__version__ and imported == "False", out.stdout
 
 
 def test_a_worker_names_why_it_cannot_use_its_device():

@@ -6,6 +6,7 @@ once, and every child forked from it starts with torch imported and CUDA untouch
 pickles references to run() and build_info() for it: importing worker.runner inside them (already
 preloaded in the fork server, so free) keeps torch out of the supervisor.
 """
+import json
 import logging
 import multiprocessing as mp
 import os
@@ -87,5 +88,7 @@ def build_info(conn: Connection) -> None:
                 devices.append({"uuid": str(p.uuid), "name": p.name, "total_memory": p.total_memory})
         except Exception as exc:
             info["cuda_error"] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
-    conn.send(info)
+    # Plain values only: torch.__version__ is a TorchVersion, and unpickling one would import torch
+    # (2 s, 300 MB) into the supervisor, which is torch-free.
+    conn.send(json.loads(json.dumps(info)))
     conn.close()
