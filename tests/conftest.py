@@ -1,5 +1,5 @@
 """Shared fixtures: a fresh data dir per test, the live service, tiny job presets."""
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 
 import pytest
 
@@ -44,11 +44,17 @@ def on_both_backends():
     return service_backend
 
 
+def fresh_database(backend: str, prefix: str = "svc") -> AbstractContextManager[str]:
+    """A database of its own for a service: "" (SQLite in the service's data directory) or, on "postgres", the
+    URL of a PostgreSQL schema named after prefix, dropped on leaving."""
+    return postgres_schema(prefix) if backend == "postgres" else nullcontext("")
+
+
 @pytest.fixture
 def service(tmp_path, service_backend):
     """The real server on a fresh data dir and a fresh database: a SQLite file, or a PostgreSQL schema of
     the test's own (dropped afterwards)."""
-    with (postgres_schema("svc") if service_backend == "postgres" else nullcontext("")) as url:
+    with fresh_database(service_backend) as url:
         svc = Service(tmp_path / "data", url).start_server()
         try:
             yield svc

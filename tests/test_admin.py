@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import httpx
@@ -15,8 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import insert
 
-from bench.common import postgres_schema
-from tests.conftest import BACKENDS, slow_job, tiny_job
+from tests.conftest import BACKENDS, fresh_database, slow_job, tiny_job
 from tests.service import Service, serving
 from tests.teams import Team, make_team
 from trainyard.app import accounts, metrics, submit
@@ -39,7 +37,7 @@ ADMIN_ROUTES = [("GET", "/admin/users", None), ("POST", "/admin/users", {"name":
 @pytest.fixture(params=BACKENDS)
 def accounts_service(request, tmp_path):
     """A server with TRAINYARD_API_TOKEN, on SQLite or PostgreSQL, and its team (ann, ben, ada)."""
-    with (postgres_schema("adm") if request.param == "postgres" else nullcontext("")) as url:
+    with fresh_database(request.param, "adm") as url:
         svc = Service(tmp_path / "data", url, env={"TRAINYARD_API_TOKEN": ROOT}).start_server()
         try:
             yield svc, make_team(svc)

@@ -6,13 +6,11 @@ waiting job says why."""
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import nullcontext
 from datetime import datetime
 
 import pytest
 
-from bench.common import postgres_schema
-from tests.conftest import BACKENDS
+from tests.conftest import BACKENDS, fresh_database
 from tests.service import Service, probe_plugin, run_job
 from tests.teams import make_team, service_engine
 from trainyard.app import accounts
@@ -37,7 +35,7 @@ def naps(tmp_path_factory):
 @pytest.fixture(params=BACKENDS)
 def database(request) -> Iterator[str]:
     """Each database's URL ("": SQLite in the data directory)."""
-    with postgres_schema("fair") if request.param == "postgres" else nullcontext("") as url:
+    with fresh_database(request.param, "fair") as url:
         yield url
 
 

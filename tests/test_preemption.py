@@ -3,14 +3,12 @@ never a job of the same priority and project, a project under its share taking a
 over HTTP with a real worker: a priority-10 job starts within the grace period + 2 s by preempting a running
 job, which checkpoints, is requeued without using an attempt and ends with the weights of an uninterrupted run."""
 import time
-from contextlib import nullcontext
 
 import pytest
 from safetensors.torch import load
 from sqlalchemy import select, update
 
-from bench.common import postgres_schema
-from tests.conftest import BACKENDS, slow_job, tiny_job
+from tests.conftest import BACKENDS, fresh_database, slow_job, tiny_job
 from tests.service import FAST_ENV, Service
 from trainyard.app import accounts, audit, preemption, queue, workers
 from trainyard.app.db import jobs, read, write
@@ -81,7 +79,7 @@ def test_never_the_same_priority_within_a_project_but_a_project_under_its_share_
 @pytest.fixture(params=BACKENDS)
 def one_worker(request, tmp_path):
     """The real server and one CPU worker, preempting runs of a second or more, on each database."""
-    with (postgres_schema("pre") if request.param == "postgres" else nullcontext("")) as url:
+    with fresh_database(request.param, "pre") as url:
         svc = Service(tmp_path / "data", url, env={"TRAINYARD_PREEMPT_MIN_RUN_S": "1"})
         try:
             svc.start_server()

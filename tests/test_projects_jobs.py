@@ -6,13 +6,11 @@ project's job in a submit is 422 "does not exist"; the audit record holds every 
 project and client; a revoked token is refused on the next request; TRAINYARD_API_TOKEN still acts as the admin,
 and a server with no token configured answers token-less requests as before."""
 import time
-from contextlib import nullcontext
 
 import httpx
 import pytest
 
-from bench.common import postgres_schema
-from tests.conftest import BACKENDS, tiny_job
+from tests.conftest import BACKENDS, fresh_database, tiny_job
 from tests.service import TERMINAL, Service
 from tests.teams import make_team, service_engine
 from trainyard.app import accounts, audit
@@ -79,7 +77,7 @@ def every_listed(c: httpx.Client, **params) -> tuple[set[int], int]:
 @pytest.fixture(scope="module", params=BACKENDS)
 def live(request, tmp_path_factory):
     """A server with TRAINYARD_API_TOKEN set and a CPU worker, with the team (ann, ben, ada) on its database."""
-    with postgres_schema("projjobs") if request.param == "postgres" else nullcontext("") as url:
+    with fresh_database(request.param, "projjobs") as url:
         svc = Service(tmp_path_factory.mktemp("projects") / "data", url, env={"TRAINYARD_API_TOKEN": ADMIN_TOKEN})
         try:
             svc.start_server().start_worker("cpu")
