@@ -84,6 +84,18 @@ def test_the_checks_run_here_on_the_cpu():
     assert "exit status 0" in r.stdout
 
 
+def test_the_cuda_tests_check_keeps_pytests_whole_report_in_its_folder(tmp_path, monkeypatch):
+    """The table has room for three failures; the check's folder (kept and named when it fails) holds the
+    whole report, tracebacks and durations, for whoever reads it on the GPU host afterwards."""
+    from trainyard.app.cli import gpu_steps
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the check's TMPDIR, as gpu-check sets it
+    passed, summary = gpu_steps.cuda_tests("cpu", "tests/test_cuda_multi.py")
+    assert passed, summary
+    log = (tmp_path / "cuda-tests.log").read_text()
+    assert "test_a_two_device_job_runs_on_two_gpus_over_nccl" in log and summary.split(" (")[0] in log
+
+
 def test_make_builds_with_python_3_11_and_names_it_otherwise(tmp_path):
     """PYTHON defaults to python3.11 where it is on PATH; another version stops `make` before a venv is made,
     saying which version it needs and how to name one."""

@@ -50,7 +50,10 @@ def cuda_tests(device: str, *files: str) -> tuple[bool, str]:
     t0 = time.monotonic()
     # On the CPU (a rehearsal) they are collected only: found, and importable with what is installed.
     r = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rfEs", "-p", "no:cacheprovider",
+                        "--tb=short", "--durations=10",
                         *(["--collect-only"] if device == "cpu" else []), *files], capture_output=True, text=True)
+    # The whole report stays in the check's folder, which gpu-check keeps and names when the check fails.
+    Path(tempfile.gettempdir(), "cuda-tests.log").write_text(r.stdout + r.stderr)
     lines = r.stdout.strip().splitlines() or ["(no output)"]
     summary = f"{lines[-1].strip('= ')} ({time.monotonic() - t0:.0f} s)"
     failures = [ln for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
