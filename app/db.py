@@ -53,6 +53,12 @@ def _pg_now(element, compiler, **kw):
 
 # Longer than any transaction of ours takes (milliseconds), shorter than a test's patience.
 IDLE_IN_TRANSACTION_MS = 10_000
+# libpq's own limits on a connection to PostgreSQL, unless the URL sets them. Without them a process whose
+# host lost its network waits on TCP's retransmissions (about 15 minutes) inside one call: a connection
+# attempt gives up after connect_timeout, a write unacknowledged for tcp_user_timeout fails, and an idle
+# connection (a LISTEN) whose peer is gone is found by keepalives within about 25 seconds.
+PG_CONNECTION_LIMITS = {"connect_timeout": "10", "tcp_user_timeout": "15000", "keepalives": "1",
+                        "keepalives_idle": "10", "keepalives_interval": "5", "keepalives_count": "3"}
 
 
 def compact_json(value) -> str:
@@ -77,7 +83,8 @@ def make_engine(url: str, pre_ping: bool = True) -> Engine:
                                          f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}")))
         # Kept in the URL (not connect_args), so that whoever connects with the engine's connect arguments
         # (wakeup's LISTEN connection: dialect.create_connect_args) lands in the same schema as the engine.
-        engine = create_engine(parsed.update_query_dict({"options": options}), pool_size=8, max_overflow=16,
+        limits = {k: v for k, v in PG_CONNECTION_LIMITS.items() if k not in parsed.query}
+        engine = create_engine(parsed.update_query_dict({"options": options, **limits}), pool_size=8, max_overflow=16,
                                pool_pre_ping=pre_ping, json_serializer=compact_json)
     return engine
 

@@ -138,12 +138,12 @@ class JobRun:
             self.proc.join(timeout=KILL_GRACE_S)
         self.kill()
 
-    def lost(self) -> None:
-        """The job was ended (cancelled, pruned by its sweep) or taken over by another worker: stop our copy,
-        write nothing (every write is fenced)."""
+    def lost(self, why: str = "cancelled, pruned or taken over") -> None:
+        """The job was ended (cancelled, pruned by its sweep) or taken over by another worker, or its lease
+        ran out: stop our copy, write nothing (every write is fenced)."""
         self.stop_now()
         self.outcome = "lost"
-        self.log("job is no longer ours (cancelled, pruned or taken over): process stopped")
+        self.log(f"job is no longer ours ({why}): process stopped")
         self.sum_up()
 
     # -- endings ----------------------------------------------------------------------------------

@@ -2,9 +2,13 @@
 it on shutdown, cancel, timeout or preemption, and turn its events into fenced writes. Torch-free.
 
 What the loop decides is kept on the JobRun (worker/job_run.py); a write that changes nothing means
-the job is no longer ours, and our copy is stopped at once.
+the job is no longer ours, and our copy is stopped at once. A lease that runs out without a renewal
+reaching the database stops it too, whatever the loop is waiting on (LeaseWatch).
 """
 import logging
+import os
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -26,13 +30,60 @@ GATHER_S = 0.05
 BUILT_IN_METRIC_KEYS = 24
 
 
+class LeaseWatch:
+    """Stops the job process once its lease has run out since the last renewal that reached the database.
+
+    From then on another worker may take the job, so our copy must not run on. The loop itself cannot
+    be trusted to notice: on a host cut off from the network a call to the database can wait for minutes
+    on TCP's retransmissions. So a thread of its own keeps the deadline, reckoned from when each renewal
+    was asked (the database's new expiry is no earlier), and kills the process when it passes."""
+
+    def __init__(self, run: JobRun, lease_s: float):
+        self.run, self.lease_s = run, lease_s
+        self.deadline = run.started + lease_s  # the claim's lease, renewed at the loop's first pass
+        self.lapsed = False
+        self._closed = threading.Event()
+        threading.Thread(target=self._watch, daemon=True, name=f"lease-{run.job.id}").start()
+
+    def renewed(self, asked_at: float) -> None:
+        self.deadline = asked_at + self.lease_s
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def _watch(self) -> None:
+        while not self._closed.wait(max(0.0, self.deadline - time.monotonic())):
+            if time.monotonic() >= self.deadline:
+                self.lapsed = True
+                log.error("job %s: its lease ran out with no renewal reaching the database; stopping its "
+                          "process (another worker may take the job now)", self.run.job.id)
+                try:
+                    os.kill(self.run.proc.pid, signal.SIGKILL)  # no join here: the loop's thread reaps it
+                except ProcessLookupError:
+                    pass
+                return
+
+
 def supervise(run: JobRun) -> None:
     """Watch the job process until its end is recorded, it is lost, or it exits."""
     next_fence = next_renew = time.monotonic()
     settings = run.worker.settings
+    lease = LeaseWatch(run, settings.lease_s)
+    try:
+        _supervise(run, lease, next_fence, next_renew)
+    finally:
+        lease.close()
+    run.proc.join(timeout=5)
+
+
+def _supervise(run: JobRun, lease: LeaseWatch, next_fence: float, next_renew: float) -> None:
+    settings = run.worker.settings
     while True:
         drain(run, wait=0.05)
         if run.outcome is not None:
+            break
+        if lease.lapsed:
+            run.lost("its lease ran out with no renewal reaching the database")
             break
         if not run.proc.is_alive():
             drain(run, wait=0)
@@ -56,9 +107,9 @@ def supervise(run: JobRun) -> None:
             if not run.db(queue.renew, settings.lease_s):
                 run.lost()
                 break
+            lease.renewed(now)
             run.worker.housekeeping(state="busy", job_id=run.job.id)
             run.publish_log()
-    run.proc.join(timeout=5)
 
 
 def drain(run: JobRun, wait: float) -> None:
