@@ -11,19 +11,22 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import tiny_job
+from tests.service import free_port
 from tests.test_runner import job_record
 from trainyard.worker import distributed, runner
+from trainyard.worker.errors import RendezvousFailed
 from trainyard.worker.plan import JobPlan
 
 TERMINAL = ("done", "error", "preempted")
 
 
-def plan_for(tmp_path, spec, ranks=(), name="run", resume_from=None) -> JobPlan:
+def plan_for(tmp_path, spec, ranks=(), name="run", resume_from=None, master="") -> JobPlan:
     run_dir, ck = tmp_path / name / "art", tmp_path / name / "ck"
     run_dir.mkdir(parents=True, exist_ok=True)
     ck.mkdir(parents=True, exist_ok=True)
     return JobPlan(job=job_record(spec), device="cpu", data_dir=tmp_path, run_dir=run_dir,
-                   checkpoint_stem=ck / "run-1.pt", resume_from=resume_from, threads=1, ranks=tuple(ranks))
+                   checkpoint_stem=ck / "run-1.pt", resume_from=resume_from, threads=1, ranks=tuple(ranks),
+                   master=master)
 
 
 class JobProcess:
@@ -164,6 +167,37 @@ def test_killing_rank_0_takes_the_other_ranks_with_it(tmp_path):
     while not all(gone(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(gone(pid) for pid in pids)
+
+
+def test_ranks_meeting_at_rank_0s_address_take_the_same_steps_as_through_the_file_store(tmp_path):
+    """The rendezvous of ranks on several hosts (torch's TCPStore at rank 0's address), here on one: the
+    same collectives, so the same weights to the last bit."""
+    spec = {**tiny_job(epochs=3, lr=0.05, batch_size=16), "devices": 2}
+    spec["model"] = {"arch": "mlp", "hidden": [16]}
+    filed, _ = run_plan(plan_for(tmp_path, spec, ranks=("cpu", "cpu"), name="file"))
+    tcp, _ = run_plan(plan_for(tmp_path, spec, ranks=("cpu", "cpu"), name="tcp", master=f"127.0.0.1:{free_port()}"))
+    assert filed["type"] == tcp["type"] == "done", (filed, tcp)
+    assert not (tmp_path / "tcp" / "ck" / "run-1.pt.ranks").exists()  # no file store: they met over TCP
+    w1 = load_file(tmp_path / "file" / "art" / "model.safetensors")
+    w2 = load_file(tmp_path / "tcp" / "art" / "model.safetensors")
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=0, atol=0)
+
+
+def test_a_rendezvous_address_that_is_not_rank_0s_fails_the_run_as_infrastructure_naming_it(tmp_path):
+    spec = {**tiny_job(epochs=3, batch_size=16), "devices": 2}
+    master = f"192.0.2.1:{free_port()}"  # TEST-NET-1: no host here has it, nothing answers there
+    final, _ = run_plan(plan_for(tmp_path, spec, ranks=("cpu", "cpu"), master=master))
+    assert final["type"] == "error" and final["error"]["class"] == "infrastructure", final
+    assert final["error"]["type"] == "RendezvousFailed" and master in final["error"]["message"], final
+
+
+def test_a_rank_that_cannot_reach_rank_0_gives_up_at_the_rendezvous_limit_naming_the_address():
+    t0 = time.monotonic()
+    with pytest.raises(RendezvousFailed, match=r"rank 1 of 2 could not reach the job's rendezvous at "
+                                               r"192\.0\.2\.1:29999 within 1 s"):
+        distributed.tcp_store(distributed.World(1, 2), "192.0.2.1:29999", rendezvous_s=1)
+    assert time.monotonic() - t0 < 15  # the limit, not the collectives' ten minutes
 
 
 def test_shard_splits_a_global_batch_so_the_mean_gradient_is_the_whole_batch_s():

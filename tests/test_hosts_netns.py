@@ -1,10 +1,13 @@
 """Hosts as separate as this machine can make them: network namespaces of their own, sharing only
 PostgreSQL and the S3 server, each reached through the bridge the test makes (tests/netns.py).
 
-A host whose network link goes down cannot renew its job's lease: its worker stops the job process when
-the lease runs out, though every call it makes to the database hangs, and the job resumes on another host
-from the bucket's checkpoint with a gapless history.
+Ranks on two hosts meet at rank 0's address through torch's own TCPStore and all-reduce over gloo on
+the interface GLOO_SOCKET_IFNAME names. A host whose network link goes down cannot renew its job's
+lease: its worker stops the job process when the lease runs out, though every call it makes to the
+database hangs, and the job resumes on another host from the bucket's checkpoint with a gapless history.
 """
+import subprocess
+import sys
 import time
 
 import pytest
@@ -12,16 +15,17 @@ import pytest
 from bench.common import postgres_schema
 from tests.conftest import slow_job
 from tests.netns import hosts, unavailable
-from tests.service import FAST_ENV, Service
+from tests.service import FAST_ENV, ROOT, Service, free_port
 from tests.test_reliability import alive, job_pids, metrics, wait_checkpoint
 
 why_not = unavailable()
-pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.skipif(why_not is not None, reason=str(why_not))]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(why_not is not None, reason=str(why_not))]
 
 LEASE_S = float(FAST_ENV["TRAINYARD_LEASE_S"])
 EPOCHS = 30
 
 
+@pytest.mark.postgres
 def test_a_host_cut_off_stops_its_job_within_the_lease_and_the_job_resumes_on_another_host(tmp_path, bucket):
     with hosts(2) as net, postgres_schema("netns") as db_url:
         pg = net.forward(5432)
@@ -63,3 +67,29 @@ def test_a_host_cut_off_stops_its_job_within_the_lease_and_the_job_resumes_on_an
             assert worker_a.poll() is None
         finally:
             api.stop()
+
+
+RANK = """
+import sys, torch, torch.distributed as dist
+from pathlib import Path
+from trainyard.worker import distributed
+rank, master = int(sys.argv[1]), sys.argv[2]
+world = distributed.World(rank, 2)
+distributed.init(world, torch.device("cpu"), Path("unused"), master, rendezvous_s=30)
+t = torch.tensor([float(rank + 1)])
+dist.all_reduce(t)
+print(f"rank {rank}: {t.item():g}")
+"""
+
+
+def test_ranks_on_two_hosts_meet_at_rank_0s_address_and_all_reduce():
+    with hosts(2) as net:
+        a, b = net.hosts
+        master = f"{a.addr}:{free_port()}"
+        env = {"GLOO_SOCKET_IFNAME": "eth0", "PYTHONPATH": str(ROOT)}  # each host's one link to the other
+        procs = [subprocess.Popen(h.argv("env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-c", RANK,
+                                         str(rank), master), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for rank, h in enumerate((a, b))]
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outs
+        assert [o.strip() for o, _ in outs] == ["rank 0: 3", "rank 1: 3"]

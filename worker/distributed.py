@@ -5,14 +5,17 @@ the other ranks (fork, not spawn: the fork server already paid for `import torch
 still untouched), and they die with it (PR_SET_PDEATHSIG): a kill or a cancel of the job stops
 every rank. A rank that fails sends its error to rank 0 and exits; rank 0's watch reports that
 error as the job's and ends the job process, so no rank waits on a collective that cannot finish.
-The ranks meet through a file store beside the run's checkpoints, NCCL on CUDA and gloo on the CPU
-(plus a gloo group for the per-step stop vote, so that vote never waits for the GPU). Only rank 0
-reports, checkpoints and writes the artifact.
+The ranks meet through a file store beside the run's checkpoints, or, given rank 0's address
+(`master`, for ranks on several hosts), through torch's own TCPStore there; NCCL on CUDA and gloo on
+the CPU (plus a gloo group for the per-step stop vote, so that vote never waits for the GPU), over the
+interface NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name where set. Only rank 0 reports, checkpoints and
+writes the artifact.
 """
 import ctypes
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -26,10 +29,14 @@ import torch
 import torch.distributed as dist
 
 from trainyard.app.states import Failure, error_record
+from trainyard.worker.errors import RendezvousFailed
 
 PR_SET_PDEATHSIG = 1
 # Collectives wait this long for a missing rank; a rank that dies is noticed at once by rank 0's watch.
 TIMEOUT = timedelta(minutes=10)
+# Ranks meeting at rank 0's address wait this long for each other: an address that cannot be reached fails
+# the run then (RendezvousFailed), not at the collectives' timeout.
+RENDEZVOUS_S = 60.0
 # Rank 0 whose collective broke waits this long for the rank that broke it to report why.
 REASON_WAIT_S = 2.0
 TERMINAL = ("done", "error", "preempted")
@@ -141,18 +148,42 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def init(world: World, device: torch.device, store: Path) -> None:
-    """Join the job's process group (every rank calls this once, before building the model)."""
+def init(world: World, device: torch.device, store: Path, master: str = "",
+         rendezvous_s: float = RENDEZVOUS_S) -> None:
+    """Join the job's process group (every rank calls this once, before building the model): through the
+    file `store`, or through a TCPStore at `master` ("addr:port", rank 0's) when one is given."""
     if world.size == 1:
         return
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=f"file://{store}", rank=world.rank, world_size=world.size,
-                            timeout=TIMEOUT)
+    if master:
+        dist.init_process_group(backend, store=tcp_store(world, master, rendezvous_s), rank=world.rank,
+                                world_size=world.size, timeout=TIMEOUT)
+    else:
+        dist.init_process_group(backend, init_method=f"file://{store}", rank=world.rank, world_size=world.size,
+                                timeout=TIMEOUT)
     # A group of its own for the stop vote and the checkpoint's RNG states: on the CPU, so it never waits
     # for the GPU, and apart from DDP's gradient all-reduces, so a vote never queues behind them.
     world.control = dist.new_group(backend="gloo")
+
+
+def tcp_store(world: World, master: str, rendezvous_s: float) -> dist.TCPStore:
+    """torch's TCPStore at master: rank 0 serves it, the others connect; every rank returns once all have
+    come, or raises RendezvousFailed naming the address after rendezvous_s."""
+    host, _, port = master.rpartition(":")
+    try:
+        if world.leader:  # an address that is not this host's fails now, not after every rank's wait
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind((host.strip("[]"), int(port)))
+        return dist.TCPStore(host.strip("[]"), int(port), world.size, is_master=world.leader,
+                             timeout=timedelta(seconds=rendezvous_s), wait_for_workers=True)
+    except (RuntimeError, OSError, ValueError) as exc:  # torch's DistStoreError is a RuntimeError
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        role = "serve" if world.leader else "reach"
+        raise RendezvousFailed(f"rank {world.rank} of {world.size} could not {role} the job's rendezvous at "
+                               f"{master} within {rendezvous_s:g} s: {first}") from exc
 
 
 def any_true(flag: bool, world: World) -> bool:

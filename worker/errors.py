@@ -2,7 +2,8 @@
 
 Raised in the job process and turned into the job's error record by worker/runner.py, which reads
 their class names: JobError is the job's own failure (never retried), Preempted a requested stop
-(requeued), DeviceFailure the host's trouble (retried on another worker). EvaluationOutOfMemory,
+(requeued), DeviceFailure the host's trouble (retried on another worker), RendezvousFailed the
+network's between a job's ranks (retried). EvaluationOutOfMemory,
 a torch.OutOfMemoryError, stays with the messages of running out of GPU memory (torch_devices).
 """
 
@@ -18,3 +19,8 @@ class Preempted(Exception):
 class DeviceFailure(RuntimeError):
     """The worker's device cannot be used (CUDA gone, the device missing or failed): the host's trouble,
     not the job's. An `infrastructure` failure, retried on another worker; this worker takes no more."""
+
+
+class RendezvousFailed(RuntimeError):
+    """A job's ranks could not meet at rank 0's address (unreachable, or a rank never came): the network's
+    trouble, not the job's. An `infrastructure` failure, retried; the message names the address tried."""

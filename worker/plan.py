@@ -25,5 +25,6 @@ class JobPlan:
     scratch_dir: Path | None = None  # run jobs: ctx.data_dir, a directory of this run's own (removed at its end)
     ranks: tuple[str, ...] = ()      # a multi-device job's devices, rank 0 (this worker's) first; () for one device
     rank_uuids: tuple[str | None, ...] = ()  # each rank's GPU UUID (its worker's slot key): ranks pin themselves by it
+    master: str = ""                 # "addr:port": the ranks meet at rank 0's TCPStore there; "": a file store
     storage_url: str = ""            # where the run's files are published (app/storage.py); "" = the data dir
     fetch: tuple[str, ...] = ()      # stored keys to bring to this host's data dir first (they may be missing)

@@ -30,7 +30,7 @@ from trainyard.app.layout import Layout
 from trainyard.app.spec import PredictJob, RunJob, TrainJob, parse_spec
 from trainyard.app.states import DEVICE_FAILURE, Failure, error_record
 from trainyard.worker import distributed, entrypoints, infer, memory, reaper, torch_devices, train
-from trainyard.worker.errors import JobError, Preempted
+from trainyard.worker.errors import JobError, Preempted, RendezvousFailed
 from trainyard.worker.job_context import JobContext
 from trainyard.worker.plan import JobPlan
 
@@ -115,7 +115,8 @@ def _take_device(plan: JobPlan, where: _Placement, own_process: bool) -> torch.d
     torch_devices.use_device(device)
     if own_process:
         _limit(plan, device)
-    distributed.init(where.world, device, plan.checkpoint_stem.with_name(plan.checkpoint_stem.name + ".ranks"))
+    distributed.init(where.world, device, plan.checkpoint_stem.with_name(plan.checkpoint_stem.name + ".ranks"),
+                     plan.master)
     return device
 
 
@@ -141,7 +142,7 @@ def _ending(exc: Exception, plan: JobPlan, where: _Placement) -> dict:
         message = torch_devices.oom_message(where.device, where.batch_size) \
             if where.device is not None and where.batch_size is not None else None
         return {"type": "error", "error": _error(Failure.OOM, exc, message)}
-    if isinstance(exc, Unavailable):  # the object store could not be reached: the host's trouble, retried
+    if isinstance(exc, Unavailable | RendezvousFailed):  # the store or the ranks' network: retried
         return {"type": "error", "error": _error(Failure.INFRASTRUCTURE, exc)}
     # JobError, or an exception in training: the job's own error, not retried
     if torch_devices.is_device_failure(exc):  # the device's, not the job's: retried on another worker
