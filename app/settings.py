@@ -1,4 +1,5 @@
 """Configuration: one Settings object read from TRAINYARD_* environment variables."""
+import ipaddress
 import socket
 from functools import lru_cache
 from pathlib import Path
@@ -115,12 +116,35 @@ class Settings(BaseSettings):
     # container the hostname is the container's: set it to the machine's name, the same for the API
     # and the workers of one machine, so that their GPUs are seen as one host's.
     node_name: str | None = Field(None, max_length=200)
+    # The address other hosts reach this host's ranks at (a job's rendezvous and collectives across hosts):
+    # an IP or a name that resolves on every host, never a loopback one. None: no job's rank on another host
+    # can reach this one. The interface NCCL and gloo use is theirs to pick: NCCL_SOCKET_IFNAME,
+    # GLOO_SOCKET_IFNAME in the worker's environment reach its job processes.
+    node_addr: str | None = Field(None, max_length=255)
 
     @field_validator("storage_url")
     @classmethod
     def _storage_url(cls, v: str) -> str:
         if v:
             storage.parse_url(v)
+        return v
+
+    @field_validator("node_addr")
+    @classmethod
+    def _node_addr(cls, v: str | None) -> str | None:
+        v = (v or "").strip()
+        if not v:  # TRAINYARD_NODE_ADDR= : none given
+            return None
+        try:
+            ip = ipaddress.ip_address(v.strip("[]"))
+        except ValueError:
+            ip = None
+        local = v.lower() == "localhost" or v.lower().endswith(".localhost")
+        if local or (ip and (ip.is_loopback or ip.is_unspecified)):
+            raise ValueError(f"{v!r} is not an address another host can reach: give this host's own address on the "
+                             "network the hosts share (an IP, or a name every host resolves)")
+        if any(c.isspace() for c in v) or "/" in v:
+            raise ValueError(f"{v!r} is not a host address")
         return v
 
     @property

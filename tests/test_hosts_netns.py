@@ -38,10 +38,15 @@ def test_a_host_cut_off_stops_its_job_within_the_lease_and_the_job_resumes_on_an
             on_bridge = {"TRAINYARD_DATABASE_URL": db_url.replace("127.0.0.1:5432", pg),
                          "AWS_ENDPOINT_URL_S3": f"http://{s3}"}
             a, b = net.hosts
-            worker_a = net.start_worker(api, a, {**on_bridge, "TRAINYARD_DATA_DIR": str(tmp_path / a.name)})
+            worker_a = net.start_worker(api, a, {**on_bridge, "TRAINYARD_DATA_DIR": str(tmp_path / a.name),
+                                                 "TRAINYARD_NODE_ADDR": a.addr})
             job = api.submit(slow_job(epochs=EPOCHS))
             api.wait_until(lambda: api.job(job["id"])["state"] == "running", 60, "host A to take the job")
-            net.start_worker(api, b, {**on_bridge, "TRAINYARD_DATA_DIR": str(tmp_path / b.name)})
+            net.start_worker(api, b, {**on_bridge, "TRAINYARD_DATA_DIR": str(tmp_path / b.name),
+                                      "TRAINYARD_NODE_ADDR": b.addr})
+            # Each host's worker advertises the address the others reach it at.
+            assert {(w["host"], w["addr"]) for w in api.client().get("/workers").json()} == \
+                {(a.name, a.addr), (b.name, b.addr)}
             wait_checkpoint(api, job["id"], 2)
             pids = job_pids(api, job["id"])
             assert pids and pids[0] in a.pids(), (pids, a.pids())

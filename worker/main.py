@@ -97,7 +97,8 @@ class Worker:
         self.unavailable = hardware.device_problem(self.device, build, reading, os.environ.get("CUDA_VISIBLE_DEVICES"))
         self.slot = self._slot(reading, build)
         self.stats = {"build": build, "host": reading, "slot": asdict(self.slot), "unavailable": self.unavailable,
-                      "plugins": self.plugins, "plugin_details": plugins.describe(offered)}
+                      "plugins": self.plugins, "plugin_details": plugins.describe(offered),
+                      "addr": self.settings.node_addr}
         self.db(registry.register_worker, self.id, self.settings.node, os.getpid(), self.device, self.stats,
                 registry.UNAVAILABLE if self.unavailable else "idle")
         self.listener = wakeup.Listener(self.engine, self.id)

@@ -201,6 +201,8 @@ class JobsPublic(BaseModel):
 class WorkerPublic(BaseModel):
     id: str
     host: str
+    addr: str | None = Field(None, description="the address other hosts reach this worker's host at "
+                             "(TRAINYARD_NODE_ADDR); null when it gave none")
     pid: int
     device: str
     state: str = Field(description="idle, busy (running a job, or lending its device to one), unavailable (alive "

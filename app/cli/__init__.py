@@ -9,6 +9,8 @@ import argparse
 import sys
 from typing import NoReturn
 
+from pydantic import ValidationError
+
 from trainyard.app.cli import commands, gpu_check, launch
 from trainyard.app.cli.output import fail
 
@@ -34,4 +36,12 @@ def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(json_errors="--json" in argv).parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except ValidationError as exc:
+        if exc.title != "Settings":
+            raise
+        # A TRAINYARD_* variable the settings refuse: its name and why, not a traceback.
+        lines = [f"TRAINYARD_{'_'.join(map(str, e['loc'])).upper()}: {e['msg'].removeprefix('Value error, ')}"
+                 for e in exc.errors()]
+        raise SystemExit("trainyard: a setting is refused:\n  " + "\n  ".join(lines)) from None

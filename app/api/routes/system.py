@@ -123,7 +123,8 @@ def _payload_workers(payload: dict[str, Any]) -> Iterator[dict]:
 
 
 def _public(w: dict, now: float, lease_s: float) -> WorkerPublic:
-    return WorkerPublic(id=w["id"], host=w["host"], pid=w["pid"], device=w["device"],
+    return WorkerPublic(id=w["id"], host=w["host"], addr=(w["stats"] or {}).get("addr"), pid=w["pid"],
+                        device=w["device"],
                         state=workers_registry.worker_state(w, now, lease_s), job_id=w["job_id"],
                         started_at=ts(w["started_at"]), last_heartbeat=ts(w["last_heartbeat"]),
                         last_heartbeat_age_s=round(max(0.0, now - w["last_heartbeat"]), 3),
