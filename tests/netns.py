@@ -11,7 +11,6 @@ import ipaddress
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 from tests.service import Service
+from trainyard.worker import reaper
 
 
 def unavailable() -> str | None:
@@ -140,16 +140,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 def _remove(host: Host) -> None:
     """Every process left in the host, then the host (its veth pair goes with it)."""
-    for _ in range(50):
-        pids = host.pids()
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.1)
+    reaper.kill_until_gone(host.pids, within=5, pause=0.1)
     sh("ip", "netns", "del", host.name)
     # The veth pair goes with the namespace, a moment later: delete it here unless it is gone already.
     subprocess.run(["ip", "link", "del", host.link], capture_output=True)

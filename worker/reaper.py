@@ -22,6 +22,7 @@ import os
 import signal
 import time
 import warnings
+from collections.abc import Callable, Iterable
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -89,9 +90,15 @@ def descendants(root: int) -> list[int]:
 def end_descendants(root: int, within: float = END_WITHIN_S) -> list[int]:
     """SIGKILL every process below root, again until none is left (a killed process's children are
     adopted by a subreaper of the tree and found by the next look). Returns those still alive."""
+    return kill_until_gone(lambda: descendants(root), within)
+
+
+def kill_until_gone(find: Callable[[], Iterable[int]], within: float, pause: float = 0.005) -> list[int]:
+    """SIGKILL the processes find() names, and look again, until it names none or `within` seconds have
+    passed. Returns those still there."""
     deadline = time.monotonic() + within
     while True:
-        left = descendants(root)
+        left = list(find())
         if not left or time.monotonic() > deadline:
             return left
         for pid in left:
@@ -99,7 +106,7 @@ def end_descendants(root: int, within: float = END_WITHIN_S) -> list[int]:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        time.sleep(0.005)
+        time.sleep(pause)
 
 
 def set_up_fork_server() -> None:
