@@ -17,16 +17,31 @@ def job_process() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 
 
-def run_of(proc: subprocess.Popen) -> SimpleNamespace:
-    return SimpleNamespace(started=time.monotonic(), job=SimpleNamespace(id=7), proc=proc)
+def run_of(proc: subprocess.Popen, calling_since: float | None) -> SimpleNamespace:
+    """A JobRun as LeaseWatch sees it: its start, its process, and its worker's call to the database."""
+    return SimpleNamespace(started=time.monotonic(), job=SimpleNamespace(id=7), proc=proc,
+                           worker=SimpleNamespace(db_waiting_since=calling_since))
 
 
-def test_a_lease_that_lapses_kills_the_job_process():
+def test_a_lease_that_lapses_while_the_database_cannot_be_reached_kills_the_job_process():
     proc = job_process()
     try:
-        watch = LeaseWatch(run_of(proc), lease_s=0.5)  # and never renewed: the database is out of reach
+        watch = LeaseWatch(run_of(proc, calling_since=time.monotonic()), lease_s=0.5)  # a call that hangs
         assert proc.wait(timeout=5) == -9
         assert watch.lapsed
+    finally:
+        proc.kill()
+
+
+def test_a_loop_that_is_only_slow_keeps_its_job_process():
+    """No call to the database is under way: the loop was starved of CPU, not cut off. Its next renewal
+    reaches the database, which alone knows whether the job was taken over meanwhile."""
+    proc = job_process()
+    try:
+        watch = LeaseWatch(run_of(proc, calling_since=None), lease_s=0.3)
+        time.sleep(1.2)  # four leases
+        assert proc.poll() is None and not watch.lapsed
+        watch.close()
     finally:
         proc.kill()
 
@@ -34,8 +49,9 @@ def test_a_lease_that_lapses_kills_the_job_process():
 def test_renewals_keep_the_job_process_and_closing_the_watch_stops_it_watching():
     proc = job_process()
     try:
-        watch = LeaseWatch(run_of(proc), lease_s=0.5)
-        for _ in range(15):  # 1.5 s, three leases long
+        run = run_of(proc, calling_since=time.monotonic())
+        watch = LeaseWatch(run, lease_s=0.5)
+        for _ in range(15):  # 1.5 s, three leases long, each call answered in time
             time.sleep(0.1)
             watch.renewed(time.monotonic())
         assert proc.poll() is None and not watch.lapsed

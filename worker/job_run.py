@@ -35,6 +35,7 @@ class WorkerLink(Protocol):
     """What the supervision of a job needs of its worker (worker/main.py's Worker), and nothing more."""
     settings: Settings
     stopping: bool  # the worker is shutting down
+    db_waiting_since: float | None  # when the call to the database now under way began (None: no call)
 
     def db(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T: ...
 

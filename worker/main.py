@@ -56,20 +56,25 @@ class Worker:
         self._marked_stopping = False
         self._last_look = 0.0
         self.listener: wakeup.Listener | None = None  # run() starts listening for queue changes
+        self.db_waiting_since: float | None = None  # when the call to the database now under way began
 
     def db(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         """Call a queue function, riding out a database that is briefly unreachable (a PostgreSQL
         restart, a failover) for up to one lease; SQLite's busy timeout already covers lock waits."""
         delay, deadline = 0.05, time.monotonic() + self.settings.lease_s
-        while True:
-            try:
-                return fn(self.engine, *args, **kw)
-            except OperationalError as exc:
-                if time.monotonic() > deadline:
-                    raise
-                log.warning("database error, retrying in %.2fs: %s", delay, str(exc).splitlines()[0])
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        self.db_waiting_since = time.monotonic()  # a running job's LeaseWatch reads it (worker/supervise.py)
+        try:
+            while True:
+                try:
+                    return fn(self.engine, *args, **kw)
+                except OperationalError as exc:
+                    if time.monotonic() > deadline:
+                        raise
+                    log.warning("database error, retrying in %.2fs: %s", delay, str(exc).splitlines()[0])
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+        finally:
+            self.db_waiting_since = None
 
     # -- lifecycle --------------------------------------------------------------------------------
 

@@ -2,8 +2,8 @@
 it on shutdown, cancel, timeout or preemption, and turn its events into fenced writes. Torch-free.
 
 What the loop decides is kept on the JobRun (worker/job_run.py); a write that changes nothing means
-the job is no longer ours, and our copy is stopped at once. A lease that runs out without a renewal
-reaching the database stops it too, whatever the loop is waiting on (LeaseWatch).
+the job is no longer ours, and our copy is stopped at once. A lease that runs out while the database
+on the network cannot be reached stops it too, whatever the loop is waiting on (LeaseWatch).
 """
 import logging
 import os
@@ -31,12 +31,15 @@ BUILT_IN_METRIC_KEYS = 24
 
 
 class LeaseWatch:
-    """Stops the job process once its lease has run out since the last renewal that reached the database.
+    """Stops the job process when its lease has run out while its supervisor is stuck calling a database on
+    the network (PostgreSQL): its host was cut off, and another worker may take the job now.
 
-    From then on another worker may take the job, so our copy must not run on. The loop itself cannot
-    be trusted to notice: on a host cut off from the network a call to the database can wait for minutes
-    on TCP's retransmissions. So a thread of its own keeps the deadline, reckoned from when each renewal
-    was asked (the database's new expiry is no earlier), and kills the process when it passes."""
+    The loop itself cannot be trusted to notice: a call to a database that vanished with the network can
+    wait for seconds (libpq's limits, app/db.py) and then be retried for up to a lease. So a thread of
+    its own keeps the deadline, reckoned from when each renewal that reached the database was asked (the
+    database's new expiry is no earlier), and kills the process once it has passed with a call to the
+    database under way for half a lease or more. A loop that is merely slow (a starved CPU) is left
+    alone: its next call reaches the database, and a renewal of a job taken over fails there."""
 
     def __init__(self, run: JobRun, lease_s: float):
         self.run, self.lease_s = run, lease_s
@@ -52,38 +55,48 @@ class LeaseWatch:
         self._closed.set()
 
     def _watch(self) -> None:
-        while not self._closed.wait(max(0.0, self.deadline - time.monotonic())):
-            if time.monotonic() >= self.deadline:
+        wait = max(0.0, self.deadline - time.monotonic())
+        while not self._closed.wait(wait):
+            now = time.monotonic()
+            since = self.run.worker.db_waiting_since
+            if now < self.deadline:
+                wait = self.deadline - now
+            elif since is not None and now - since >= self.lease_s / 2:
                 self.lapsed = True
-                log.error("job %s: its lease ran out with no renewal reaching the database; stopping its "
+                log.error("job %s: its lease ran out while the database could not be reached; stopping its "
                           "process (another worker may take the job now)", self.run.job.id)
                 try:
                     os.kill(self.run.proc.pid, signal.SIGKILL)  # no join here: the loop's thread reaps it
                 except ProcessLookupError:
                     pass
                 return
+            else:
+                wait = self.lease_s / 10
 
 
 def supervise(run: JobRun) -> None:
     """Watch the job process until its end is recorded, it is lost, or it exits."""
     next_fence = next_renew = time.monotonic()
     settings = run.worker.settings
-    lease = LeaseWatch(run, settings.lease_s)
+    # SQLite is on this host: a call waiting on it waits for a lock, which no other process can use to take
+    # the job meanwhile. A database on the network can be lost with the network.
+    lease = LeaseWatch(run, settings.lease_s) if settings.db_url.startswith("postgresql") else None
     try:
         _supervise(run, lease, next_fence, next_renew)
     finally:
-        lease.close()
+        if lease is not None:
+            lease.close()
     run.proc.join(timeout=5)
 
 
-def _supervise(run: JobRun, lease: LeaseWatch, next_fence: float, next_renew: float) -> None:
+def _supervise(run: JobRun, lease: LeaseWatch | None, next_fence: float, next_renew: float) -> None:
     settings = run.worker.settings
     while True:
         drain(run, wait=0.05)
         if run.outcome is not None:
             break
-        if lease.lapsed:
-            run.lost("its lease ran out with no renewal reaching the database")
+        if lease is not None and lease.lapsed:
+            run.lost("its lease ran out while the database could not be reached")
             break
         if not run.proc.is_alive():
             drain(run, wait=0)
@@ -107,7 +120,8 @@ def _supervise(run: JobRun, lease: LeaseWatch, next_fence: float, next_renew: fl
             if not run.db(queue.renew, settings.lease_s):
                 run.lost()
                 break
-            lease.renewed(now)
+            if lease is not None:
+                lease.renewed(now)
             run.worker.housekeeping(state="busy", job_id=run.job.id)
             run.publish_log()
 
