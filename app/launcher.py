@@ -44,14 +44,17 @@ class Service:
         data_dir.mkdir(parents=True, exist_ok=True)
         return cls(full, port, log_dir=data_dir)
 
-    def _spawn(self, args: list[str], name: str, env: dict | None = None) -> subprocess.Popen:
+    def _spawn(self, args: list[str], name: str, env: dict | None = None,
+               wrap: list[str] | None = None) -> subprocess.Popen:
+        """`trainyard ARGS`, run through `wrap` when given (a command that execs the rest: the process keeps
+        the pid Popen gives)."""
         out = None
         if self.log_dir is not None:
             log = self.log_dir / f"{name}.out"
             self.logs.append(log)
             out = open(log, "ab")
-        return subprocess.Popen([sys.executable, "-m", "trainyard", *args], env={**self.env, **(env or {})},
-                                stdout=out, stderr=subprocess.STDOUT if out else None)
+        return subprocess.Popen([*(wrap or []), sys.executable, "-m", "trainyard", *args],
+                                env={**self.env, **(env or {})}, stdout=out, stderr=subprocess.STDOUT if out else None)
 
     def start_server(self, wait: bool = True, log_level: str = "warning", processes: int = 1) -> "Service":
         self.server = server = self._spawn(["serve", "--host", self.host, "--port", str(self.port),
@@ -69,10 +72,11 @@ class Service:
             return False
 
     def start_worker(self, device: str = "cpu", wait: bool = True, env: dict | None = None,
-                     extra: list[str] | None = None) -> subprocess.Popen:
-        """A worker process; with wait, once it has registered with the database."""
+                     extra: list[str] | None = None, wrap: list[str] | None = None) -> subprocess.Popen:
+        """A worker process (run through `wrap`, say `ip netns exec NS`, when given); with wait, once it has
+        registered with the database."""
         before = {w["id"] for w in self.client().get("/workers").json()} if wait else set()
-        p = self._spawn(["worker", "--device", device, *(extra or [])], f"worker-{len(self.workers)}", env)
+        p = self._spawn(["worker", "--device", device, *(extra or [])], f"worker-{len(self.workers)}", env, wrap)
         self.workers.append(p)
         if wait:
             self.wait_until(lambda: any(w["pid"] == p.pid and w["id"] not in before

@@ -12,7 +12,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -79,15 +78,7 @@ class Network:
     def start_worker(self, service: Service, host: Host, env: dict[str, str],
                      device: str = "cpu") -> subprocess.Popen:
         """A `trainyard worker` inside host, with service's settings and env over them; registered on return."""
-        assert service.log_dir is not None
-        log = open(service.log_dir / f"worker-{host.name}-{len(service.workers)}.out", "ab")
-        proc = subprocess.Popen(host.argv(sys.executable, "-m", "trainyard", "worker", "--device", device),
-                                env={**service.env, "TRAINYARD_NODE_NAME": host.name, **env},
-                                stdout=log, stderr=subprocess.STDOUT)
-        service.workers.append(proc)  # stopped with the service
-        service.wait_until(lambda: any(w["pid"] == proc.pid for w in service.client().get("/workers").json()),
-                           120, f"the worker on {host.name} to register")
-        return proc
+        return service.start_worker(device, env={"TRAINYARD_NODE_NAME": host.name, **env}, wrap=host.argv())
 
 
 def _free_subnet() -> ipaddress.IPv4Network:

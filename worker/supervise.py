@@ -76,21 +76,21 @@ class LeaseWatch:
 
 def supervise(run: JobRun) -> None:
     """Watch the job process until its end is recorded, it is lost, or it exits."""
-    next_fence = next_renew = time.monotonic()
     settings = run.worker.settings
     # SQLite is on this host: a call waiting on it waits for a lock, which no other process can use to take
     # the job meanwhile. A database on the network can be lost with the network.
     lease = LeaseWatch(run, settings.lease_s) if settings.db_url.startswith("postgresql") else None
     try:
-        _supervise(run, lease, next_fence, next_renew)
+        _supervise(run, lease)
     finally:
         if lease is not None:
             lease.close()
     run.proc.join(timeout=5)
 
 
-def _supervise(run: JobRun, lease: LeaseWatch | None, next_fence: float, next_renew: float) -> None:
+def _supervise(run: JobRun, lease: LeaseWatch | None) -> None:
     settings = run.worker.settings
+    next_fence = next_renew = time.monotonic()
     while True:
         drain(run, wait=0.05)
         if run.outcome is not None:
