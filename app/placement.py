@@ -2,10 +2,12 @@
 
 A worker claims for a slot: its device (workers with one key share a GPU) and the memory that
 device offers jobs that state theirs (`resources.gpu_memory_gb`). A job on several devices
-(`devices: N`) is claimed by one idle worker that borrows N-1 other idle workers of its host and
-kind (`helpers`): their devices become the job's other ranks, and they claim nothing while that
-run lasts. The queue's claim uses the SQL conditions here (`startable`); the API uses `why_waiting` to tell a
-client why a job has not started.
+(`devices: N`) is claimed by one idle worker that borrows N-1 other idle workers of its kind (`helpers`):
+of its own host, or for a job spread over M hosts (`hosts: M`), N/M-1 of its own host and N/M on each of
+M-1 others whose workers advertise an address (TRAINYARD_NODE_ADDR). Their devices become the job's other
+ranks, and they claim nothing while that run lasts; on another host the first of them runs that host's
+ranks (worker/part.py). The queue's claim uses the SQL conditions here (`startable`); the API uses
+`why_waiting` to tell a client why a job has not started.
 
 A job counts for more than it states on a GPU: its process's CUDA context (the driver's code, cuBLAS
 and cuDNN workspaces: 0.5 to 1 GB) lies outside the allocator's cap that holds the job to its
@@ -40,6 +42,8 @@ class Slot:
     gang: int = 1
     # Bytes each job stating its memory costs here beyond its statement (a GPU job's CUDA context); 0 on the CPU.
     headroom: int = 0
+    # The address other hosts reach this host's ranks at (TRAINYARD_NODE_ADDR); None: no job across hosts here.
+    addr: str | None = None
 
 
 def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str | None, slot: Slot | None):
@@ -53,7 +57,10 @@ def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str |
     if worker_id is not None:
         needs.append(~exists().where(workers.c.id == worker_id, workers.c.draining.is_(True)))
         needs.append(~lent(worker_id))
-    needs.append(func.coalesce(jobs.c.devices, 1) <= (slot.gang if slot else 1))
+    # The devices a job takes on each of its hosts (they divide evenly, app/spec) against this host's.
+    needs.append(func.coalesce(jobs.c.devices, 1) / func.coalesce(jobs.c.hosts, 1) <= (slot.gang if slot else 1))
+    if slot is None or slot.addr is None:
+        needs.append(func.coalesce(jobs.c.hosts, 1) == 1)
     if slot is None or slot.budget is None:
         needs.append(jobs.c.need_gpu_memory.is_(None))
     else:
@@ -71,37 +78,61 @@ def lent(worker_id):
 
 
 def helpers(conn: Connection, worker_id: str, device: str, count: int, lease_s: float,
-            lock: bool = False) -> list[dict[str, str]] | None:
-    """`count` idle workers to lend their devices to a job that worker_id claims on `count + 1` devices:
-    same host, same kind of device (every rank on a GPU, or every rank on the CPU), alive, not
-    draining, not lent, running nothing, and (GPUs) each on a distinct GPU nothing else runs on.
-    None when there are not enough yet. lock: take their rows (PostgreSQL), as a claim does."""
-    host = conn.execute(select(workers.c.host).where(workers.c.id == worker_id)).scalar()
-    if host is None:
+            lock: bool = False, hosts: int = 1) -> list[dict[str, str]] | None:
+    """`count` idle workers to lend their devices to a job that worker_id claims on `count + 1` devices spread
+    over `hosts` hosts: (count + 1) / hosts - 1 of its own host, the rest as many on each of hosts - 1 other
+    hosts whose workers advertise an address (stats "addr"), the first hosts in name order that have them.
+    Each is of the claimer's kind (every rank on a GPU, or every rank on the CPU), alive, not draining, not
+    lent, running nothing, and (GPUs) on a distinct GPU nothing else runs on. Rank order: the claimer's host
+    first, then host by host. None when there are not enough yet. lock: take their rows (PostgreSQL), as a
+    claim does."""
+    own = conn.execute(select(workers.c.host, workers.c.stats).where(workers.c.id == worker_id)).first()
+    if own is None:
         return None
+    per_host = (count + 1) // hosts
     kind = workers.c.device == "cpu" if device == "cpu" else workers.c.device.like("cuda%")
     busy = exists().where(jobs.c.worker_id == workers.c.id, jobs.c.state == RUNNING)
-    q = (select(workers.c.id, workers.c.device, workers.c.stats)
-         .where(workers.c.host == host, workers.c.id != worker_id, workers.c.state.in_(("idle", "busy")), kind,
+    q = (select(workers.c.id, workers.c.host, workers.c.device, workers.c.stats)
+         .where(workers.c.id != worker_id, workers.c.state.in_(("idle", "busy")), kind,
                 workers.c.last_heartbeat > db_now() - lease_s, ~workers.c.draining.is_(True),
-                ~lent(workers.c.id), ~busy)
-         .order_by(workers.c.device, workers.c.id))
+                ~lent(workers.c.id), ~busy, true() if hosts > 1 else workers.c.host == own.host)
+         .order_by(workers.c.host != own.host, workers.c.host, workers.c.device, workers.c.id))
     if lock:
         q = q.with_for_update(skip_locked=True, of=workers)
     taken = {k for (k,) in conn.execute(select(jobs.c.gpu_key).where(jobs.c.state == RUNNING,
                                                                     jobs.c.gpu_key.is_not(None)))}
-    own = conn.execute(select(workers.c.stats).where(workers.c.id == worker_id)).scalar() or {}
-    taken.add((own.get("slot") or {}).get("key"))
-    chosen = []
+    taken.add(((own.stats or {}).get("slot") or {}).get("key"))
+    groups: dict[str, list[dict[str, str]]] = {}
     for w in conn.execute(q):
-        key = ((w.stats or {}).get("slot") or {}).get("key", w.id)
+        stats = w.stats or {}
+        key = (stats.get("slot") or {}).get("key", w.id)
         if device != "cpu" and key in taken:  # two ranks on one GPU would only contend for it
             continue
-        taken.add(key)
-        chosen.append({"worker": w.id, "device": w.device, "key": key})
-        if len(chosen) == count:
-            return chosen
-    return None
+        if w.host != own.host and not stats.get("addr"):  # its ranks could not be reached
+            continue
+        group = groups.setdefault(w.host, [])
+        if len(group) < per_host - (w.host == own.host):
+            taken.add(key)
+            group.append({"worker": w.id, "device": w.device, "key": key, "host": w.host,
+                          **({"addr": stats["addr"]} if hosts > 1 else {})})
+    chosen = groups.get(own.host, [])
+    if len(chosen) < per_host - 1:
+        return None
+    others = [g for h, g in groups.items() if h != own.host and len(g) == per_host][:hosts - 1]
+    if len(others) < hosts - 1:
+        return None
+    return [*chosen, *(w for g in others for w in g)]
+
+
+def first_rank(conn: Connection, worker_id: str, device: str, slot: Slot | None, port: int,
+               others: list[dict[str, str]]) -> dict[str, str]:
+    """Rank 0's entry in a claimed job's ranks: the claimer; across hosts also where the ranks meet, its
+    host's address and a port free there (`port`)."""
+    host = conn.execute(select(workers.c.host).where(workers.c.id == worker_id)).scalar()
+    rank = {"worker": worker_id, "device": device, "key": slot.key if slot else worker_id, "host": host or ""}
+    if "addr" in others[0] and slot is not None and slot.addr:
+        rank.update(addr=slot.addr, port=str(port))
+    return rank
 
 
 def lent_gpus(conn: Connection) -> set[str]:
@@ -142,7 +173,7 @@ def startable(conn: Connection, device: str, plugins: dict[str, list[str]] | Non
     """The job at the head of this worker's line, if it can start now, and the other ranks it would
     borrow (none for a one-device job). A head that cannot start holds the worker back (no backfill)."""
     fair = fair_share.rank(conn, get_settings().fair_share_half_life_s)
-    first = conn.execute(select(jobs.c.id, jobs.c.devices).where(
+    first = conn.execute(select(jobs.c.id, jobs.c.devices, jobs.c.hosts).where(
         jobs.c.id == head(device, plugins, worker_id, slot, fair), fits_now(slot))).first()
     if first is None:
         return None
@@ -152,7 +183,7 @@ def startable(conn: Connection, device: str, plugins: dict[str, list[str]] | Non
         return first.id, []
     if worker_id is None:
         return None
-    others = helpers(conn, worker_id, device, first.devices - 1, lease_s, lock=lock)
+    others = helpers(conn, worker_id, device, first.devices - 1, lease_s, lock=lock, hosts=first.hosts or 1)
     return None if others is None else (first.id, others)
 
 
@@ -167,6 +198,30 @@ class Waiting(StrEnum):
     PLUGIN = "plugin"
     GPU_MEMORY = "gpu_memory"
     DEPENDENCY = "dependency"            # jobs it waits for ("after", a model job) have not succeeded yet
+
+
+def spread_short(cands: list[dict[str, Any]], devices: int, hosts: int) -> str | None:
+    """Why live, undrained workers cannot hold a job's `devices` spread over `hosts` hosts, or None if they can:
+    devices / hosts of one kind on each host, and for hosts > 1 every host's workers reachable at an address."""
+    per_host: dict[tuple[str, bool], int] = {}
+    for w in cands:
+        if hosts == 1 or (w.get("stats") or {}).get("addr"):
+            group = (w["host"], w["device"] == "cpu")
+            per_host[group] = per_host.get(group, 0) + 1
+    need = devices // hosts
+    if hosts == 1:
+        most, (host, _) = max(((n, g) for g, n in per_host.items()), default=(0, ("no host", False)))
+        return None if most >= devices else (
+            f"needs {devices} devices of one host; the most live, undrained workers of one kind on one host is "
+            f"{most} ({host}); set hosts to spread the job over several")
+    for cpu in (True, False):
+        full = sorted(h for (h, c), n in per_host.items() if c == cpu and n >= need)
+        if len(full) >= hosts:
+            return None
+    best = max((sorted(h for (h, c), n in per_host.items() if c == cpu and n >= need) for cpu in (True, False)),
+               key=len)
+    return (f"needs {hosts} hosts with {need} device(s) of one kind each, whose workers set TRAINYARD_NODE_ADDR; "
+            f"{len(best)} such host(s) have live, undrained workers ({', '.join(best) or 'none'})")
 
 
 def why_waiting(job: Job, live_workers: list[dict[str, Any]]) -> str | None:
@@ -196,16 +251,11 @@ def waiting(job: Job, live_workers: list[dict[str, Any]]) -> tuple[Waiting, str]
     cands = [w for w in cands if not w.get("draining")]
     if not cands:
         return Waiting.DRAINING, f"every live worker for device {job.device_req} is draining"
-    devices = job.devices or 1
+    devices, hosts = job.devices or 1, job.hosts or 1
     if devices > 1:
-        per_host: dict[tuple[str, bool], int] = {}
-        for w in cands:
-            group = (w["host"], w["device"] == "cpu")
-            per_host[group] = per_host.get(group, 0) + 1
-        most, (host, _) = max((n, g) for g, n in per_host.items())
-        if most < devices:
-            return Waiting.DEVICES, (f"needs {job.devices} devices of one host; the most live, undrained workers "
-                                     f"of one kind on one host is {most} ({host})")
+        found = spread_short(cands, devices, hosts)
+        if found is not None:
+            return Waiting.DEVICES, found
     for kind, need in (("models", job.need_model), ("datasets", job.need_dataset),
                        ("entrypoints", job.need_entrypoint)):
         if need is not None:

@@ -115,7 +115,8 @@ CLAIM_LOCK = 0x7479636C61696D
 
 
 def claim(engine: Engine, worker_id: str, device: str, lease_s: float,
-          plugins: dict[str, list[str]] | None = None, slot: placement.Slot | None = None) -> Job | None:
+          plugins: dict[str, list[str]] | None = None, slot: placement.Slot | None = None,
+          port: int = 0) -> Job | None:
     """Atomically take the next queued job this worker can run: highest priority first, then oldest.
 
     Claims take turns: BEGIN IMMEDIATE on SQLite, a transaction-scoped advisory lock on PostgreSQL.
@@ -123,7 +124,7 @@ def claim(engine: Engine, worker_id: str, device: str, lease_s: float,
     memory, a worker cannot lend its device to another's multi-device job while claiming a job of its
     own, and no worker looks past a head of the line that another is looking at (row locks with SKIP
     LOCKED alone let a worker skip a multi-device head that another worker was finding it could not
-    start yet, and overtake it). A claim takes a few milliseconds.
+    start yet, and overtake it). A claim takes a few milliseconds. port: free on this host (first_rank).
     """
     with write(engine) as conn:
         if conn.dialect.name == "postgresql":
@@ -132,8 +133,7 @@ def claim(engine: Engine, worker_id: str, device: str, lease_s: float,
         if found is None:
             return None
         job_id, others = found
-        ranks = [{"worker": worker_id, "device": device, "key": slot.key if slot else worker_id}, *others] \
-            if others else None
+        ranks = [placement.first_rank(conn, worker_id, device, slot, port, others), *others] if others else None
         row = conn.execute(
             update(jobs).where(jobs.c.id == job_id, jobs.c.state == QUEUED)
             .values(state=RUNNING, attempt=jobs.c.attempt + 1, claim=jobs.c.claim + 1,
@@ -146,6 +146,8 @@ def claim(engine: Engine, worker_id: str, device: str, lease_s: float,
         if others:
             conn.execute(update(workers).where(workers.c.id.in_([o["worker"] for o in others]))
                          .values(lent_to=row.id, lent_claim=row.claim))
+            if "addr" in others[0]:
+                wakeup.notify(conn)  # the lent workers of other hosts start their ranks (worker/part.py)
         # Epochs after the last checkpoint will be run again: drop their old records so the
         # metrics history has neither a gap nor a duplicate epoch.
         conn.execute(delete(metrics).where(metrics.c.job_id == row.id,

@@ -39,7 +39,8 @@ class Job:
     need_gpu_memory: int | None  # bytes (resources.gpu_memory_gb); None: the whole device
     gpu_key: str | None          # the device it was claimed on (a GPU's UUID), for sharing it
     devices: int | None          # devices the job spans (None: 1)
-    ranks: list[dict[str, str]] | None  # a multi-device run's [{"worker", "device"}], rank 0 first
+    hosts: int | None            # hosts they are spread over (None: 1)
+    ranks: list[dict[str, str]] | None  # a multi-device run's [{"worker", "device", "key", "host"}], rank 0 first
     checkpoint_path: str | None  # relative to the data dir
     checkpoint_epoch: int | None
     artifact_path: str | None    # relative to the data dir: the run dir of the run that succeeded

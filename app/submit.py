@@ -73,6 +73,7 @@ def insert_job(conn, spec: TrainJob | PredictJob | RunJob, idempotency_key: str 
         epoch=0 if spec.kind == "train" else None,
         epochs=spec.train.epochs if spec.kind == "train" else getattr(spec, "epochs", None), parameters=parameters,
         need_gpu_memory=spec.gpu_memory_bytes, devices=spec.device_count,
+        hosts=spec.host_count if spec.host_count > 1 else None,
         sweep_id=sweep["id"] if sweep else None, sweep=sweep, project_id=project_id, owner=owner,
         **{f"need_{kind[:-1]}": name for kind, name in (needs or {}).items()},
     )

@@ -56,9 +56,11 @@ jobs = Table(
     # that stated theirs; NULL: it has its device to itself. gpu_key: the device it was claimed on.
     Column("need_gpu_memory", BigInteger),
     Column("gpu_key", String(200)),
-    # Devices the job spans (1: one; more: DistributedDataParallel over that many workers' devices of one
-    # host, ranks [{"worker", "device"}] in rank order, rank 0 the claiming worker's). NULL reads as 1.
+    # Devices the job spans (1: one; more: DistributedDataParallel over that many workers' devices, ranks
+    # [{"worker", "device", "key", "host"}] in rank order, rank 0 the claiming worker's), spread evenly over
+    # `hosts` hosts (a job across hosts: each rank's "addr" too, and rank 0's rendezvous "port"). NULL reads as 1.
     Column("devices", Integer),
+    Column("hosts", Integer),
     Column("ranks", JSON),
     Column("checkpoint_path", Text),
     Column("checkpoint_epoch", Integer),

@@ -20,13 +20,13 @@ from trainyard.worker.plan import JobPlan
 TERMINAL = ("done", "error", "preempted")
 
 
-def plan_for(tmp_path, spec, ranks=(), name="run", resume_from=None, master="") -> JobPlan:
+def plan_for(tmp_path, spec, ranks=(), name="run", resume_from=None, master="", local=()) -> JobPlan:
     run_dir, ck = tmp_path / name / "art", tmp_path / name / "ck"
     run_dir.mkdir(parents=True, exist_ok=True)
     ck.mkdir(parents=True, exist_ok=True)
     return JobPlan(job=job_record(spec), device="cpu", data_dir=tmp_path, run_dir=run_dir,
                    checkpoint_stem=ck / "run-1.pt", resume_from=resume_from, threads=1, ranks=tuple(ranks),
-                   master=master)
+                   master=master, local_ranks=tuple(local))
 
 
 class JobProcess:
@@ -184,6 +184,41 @@ def test_ranks_meeting_at_rank_0s_address_take_the_same_steps_as_through_the_fil
         torch.testing.assert_close(w2[k], w1[k], rtol=0, atol=0)
 
 
+def test_a_job_split_over_two_job_processes_as_over_two_hosts_takes_the_same_steps(tmp_path):
+    """Each host runs its own ranks in a job process of its own (local_ranks), meeting at rank 0's address:
+    the same collectives as one process forking both ranks, so the same weights to the last bit; the other
+    host's job process ends with "done" and writes no model."""
+    spec = {**tiny_job(epochs=3, lr=0.05, batch_size=16), "devices": 4, "hosts": 2}
+    spec["model"] = {"arch": "mlp", "hidden": [16], "dropout": 0.1}
+    ranks = ("cpu",) * 4
+    whole, _ = run_plan(plan_for(tmp_path, spec, ranks=ranks, name="whole"))
+    master = f"127.0.0.1:{free_port()}"
+    first = JobProcess(plan_for(tmp_path, spec, ranks=ranks, name="a", master=master, local=(0, 1)))
+    second = JobProcess(plan_for(tmp_path, spec, ranks=ranks, name="b", master=master, local=(2, 3)))
+    a, b = first.finish(), second.finish()
+    assert whole["type"] == a["type"] == b["type"] == "done", (a, b)
+    assert not epochs_of(second.events) and len(second.rank_pids()) == 1  # rank 3, forked by rank 2's process
+    assert not (tmp_path / "b" / "art" / "model.safetensors").exists()
+    w1 = load_file(tmp_path / "whole" / "art" / "model.safetensors")
+    w2 = load_file(tmp_path / "a" / "art" / "model.safetensors")
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], rtol=0, atol=0)
+
+
+def test_a_host_whose_ranks_vanish_fails_the_others_as_infrastructure_not_at_the_collective_timeout(tmp_path):
+    spec = {**tiny_job(epochs=10000, batch_size=8), "devices": 2, "hosts": 2}
+    master = f"127.0.0.1:{free_port()}"
+    first = JobProcess(plan_for(tmp_path, spec, ranks=("cpu", "cpu"), name="a", master=master, local=(0,)))
+    second = JobProcess(plan_for(tmp_path, spec, ranks=("cpu", "cpu"), name="b", master=master, local=(1,)))
+    first.until(("epoch",))
+    os.kill(second.proc.pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    final = first.finish(timeout=60)
+    assert final["type"] == "error" and final["error"]["class"] == "infrastructure", final
+    assert final["error"]["type"] == "RankLost" and "rank 0 lost its link" in final["error"]["message"], final
+    assert time.monotonic() - t0 < distributed.REASON_WAIT_S + 10
+
+
 def test_a_rendezvous_address_that_is_not_rank_0s_fails_the_run_as_infrastructure_naming_it(tmp_path):
     spec = {**tiny_job(epochs=3, batch_size=16), "devices": 2}
     master = f"192.0.2.1:{free_port()}"  # TEST-NET-1: no host here has it, nothing answers there
@@ -254,3 +289,12 @@ def test_accumulation_all_reduces_once_per_optimizer_step(tmp_path):
     assert events[-1]["type"] == "done", events[-1]
     for rank in (0, 1):
         assert len((counts / f"rank-{rank}").read_text().split()) == 4, rank
+
+
+def test_ranks_across_hosts_use_the_interface_that_holds_their_hosts_address(monkeypatch):
+    assert distributed.interface_of("127.0.0.1") == "lo"
+    assert distributed.interface_of("192.0.2.1") is None and distributed.interface_of("box.example") is None
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")  # set by hand: kept
+    distributed.use_interface("127.0.0.1")
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "lo" and os.environ["NCCL_SOCKET_IFNAME"] == "ib0"

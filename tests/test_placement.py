@@ -64,9 +64,11 @@ def test_device_plugin_draining_and_no_worker(engine):
 def test_a_job_on_more_devices_than_any_host_has_says_the_most_there_is(engine):
     assert placement.why_waiting(job(engine, devices=8), FLEET) is None  # the H100 box has 8
     assert placement.why_waiting(job(engine, devices=9), FLEET) == \
-        "needs 9 devices of one host; the most live, undrained workers of one kind on one host is 8 (h100-box)"
+        ("needs 9 devices of one host; the most live, undrained workers of one kind on one host is 8 (h100-box); "
+         "set hosts to spread the job over several")
     assert placement.why_waiting(job(engine, devices=2, device="cpu"), FLEET) == \
-        "needs 2 devices of one host; the most live, undrained workers of one kind on one host is 1 (cpu-box)"
+        ("needs 2 devices of one host; the most live, undrained workers of one kind on one host is 1 (cpu-box); "
+         "set hosts to spread the job over several")
     half_drained = [{**w, "draining": w["device"] in ("cuda:0", "cuda:1")} for w in FLEET]
     assert "is 6 (h100-box)" in placement.why_waiting(job(engine, devices=8), half_drained)
 

@@ -12,10 +12,12 @@ interface NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name where set. Only rank 0 re
 writes the artifact.
 """
 import ctypes
+import fcntl
 import json
 import os
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -97,11 +99,15 @@ class RankWatch:
         os._exit(1)
 
 
-def fork_ranks(size: int, emit: Callable[[dict], None]) -> tuple[World, Callable[[dict], None]]:
-    """In rank 0 (the job process): fork ranks 1..size-1. Returns this process's World and the emit it
-    uses: rank 0's goes through its RankWatch, another rank's sends only its error, to rank 0."""
+def fork_ranks(size: int, emit: Callable[[dict], None],
+               local: tuple[int, ...] = ()) -> tuple[World, Callable[[dict], None]]:
+    """In the job process (rank 0, or on another host the first of its ranks): fork this host's other
+    ranks (`local`, the first being this process's; (): all, 0..size-1). Returns this process's World and
+    the emit it uses: the job process's goes through its RankWatch, a forked rank's sends only its error,
+    to the job process."""
+    local = local or tuple(range(size))
     watch = RankWatch(emit)
-    for rank in range(1, size):
+    for rank in local[1:]:
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:
@@ -111,7 +117,7 @@ def fork_ranks(size: int, emit: Callable[[dict], None]) -> tuple[World, Callable
         os.close(write_end)
         watch.watch(rank, pid, read_end)
         emit({"type": "log", "line": f"rank {rank} pid {pid}"})  # the job's log names every rank's process
-    return World(0, size), watch.emit
+    return World(local[0], size), watch.emit
 
 
 def rank_environment(device: str, uuid: str | None) -> tuple[dict[str, str], str]:
@@ -129,6 +135,41 @@ def pin(device: str, uuid: str | None) -> str:
     env, device = rank_environment(device, uuid)
     os.environ.update(env)
     return device
+
+
+def use_interface(addr: str) -> None:
+    """Across hosts, gloo and NCCL must use the interface that holds this host's address (TRAINYARD_NODE_ADDR):
+    left to themselves they take the one the hostname resolves to, which may be loopback or a private
+    network the other hosts cannot reach. GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME set by hand win."""
+    name = interface_of(addr) if addr else None
+    if name:
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            os.environ.setdefault(var, name)
+
+
+def interface_of(addr: str) -> str | None:
+    """The network interface holding IPv4 address addr on this host (None: none does, or addr is a name)."""
+    try:
+        wanted = socket.inet_aton(addr)
+    except OSError:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:  # SIOCGIFADDR: the interface's IPv4 address, bytes 20-24 of the struct ifreq it fills
+                got = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))[20:24]
+            except OSError:  # no IPv4 address on it
+                continue
+            if got == wanted:
+                return name
+    return None
+
+
+def is_broken_link(exc: BaseException) -> bool:
+    """The error a collective or the store raises when another rank's process, or its host, went away."""
+    text = str(exc)
+    return isinstance(exc, dist.DistError) or isinstance(exc, RuntimeError) and any(
+        s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                            "Socket Timeout", "Timed out", "gloo/transport"))
 
 
 def _rank_emit(fd: int) -> Callable[[dict], None]:

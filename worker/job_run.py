@@ -65,6 +65,7 @@ class JobRun:
     watch: memory.Watch | None = None
     summed_up: bool = False             # the closing log lines are written
     last_read: float = 0.0              # when the pipe last had events
+    publish: bool = True                # copy the log to a bucket store (not the log of another host's ranks)
 
     def __post_init__(self, output: Connection | None) -> None:
         self.checkpoint = str(self.plan.resume_from) if self.plan.resume_from else None
@@ -103,7 +104,8 @@ class JobRun:
         self.publish_log()
 
     def publish_log(self) -> None:
-        self.out.publish()
+        if self.publish:
+            self.out.publish()
 
     # -- stopping ---------------------------------------------------------------------------------
 

@@ -4,11 +4,12 @@ and its stdout/stderr), supervise it to its end, and clean up after it. Torch-fr
 import logging
 import shutil
 from multiprocessing.context import ForkServerContext
+from pathlib import Path
 from typing import Protocol
 
 from sqlalchemy.exc import OperationalError
 
-from trainyard.app import deletion, host_cache, queue
+from trainyard.app import deletion, host_cache, queue, spread
 from trainyard.app.records import Job
 from trainyard.app.settings import Settings
 from trainyard.app.states import Failure, error_record
@@ -41,20 +42,13 @@ def run_job(worker: Launcher, job: Job) -> None:
     except Exception as exc:  # e.g. the model job's artifact is gone: the job's own problem
         worker.db(queue.fail, job.id, job.claim, error_record(Failure.JOB, type(exc).__name__, str(exc)))
         return
-    parent_conn, child_conn = worker.ctx.Pipe(duplex=False)
-    # The job's stdout and stderr: a pipe the supervisor copies to the log, held to its cap (worker/joblog.py).
-    output, output_w = worker.ctx.Pipe(duplex=False)
-    widen(output)
-    proc = worker.ctx.Process(target=fork_server.run, name=f"trainyard-job-{job.id}",
-                              args=(plan, child_conn, output_w))
-    proc.start()
-    child_conn.close()
-    output_w.close()
-    run = JobRun(worker=worker, plan=plan, proc=proc, conn=parent_conn, log_path=log_path, output=output)
+    run = start(worker, plan, log_path)
     threads = f", {plan.threads} torch threads" if plan.threads else ""
     budget = memory.gib(plan.memory_budget) if plan.memory_budget is not None else "none"
     run.log(f"attempt {job.attempt} (run {job.claim}) on {worker.id} ({worker.device}{threads}, memory budget "
-            f"{budget}), job process pid {proc.pid}")
+            f"{budget}), job process pid {run.proc.pid}")
+    if plan.master:
+        run.log(f"ranks across hosts: {spread.describe(job.ranks)}")
     try:
         supervise(run)
     except OperationalError:
@@ -63,7 +57,7 @@ def run_job(worker: Launcher, job: Job) -> None:
         log.exception("database unreachable while running job %s; stopping it", job.id)
         run.stop_now()
     run.end_processes()
-    parent_conn.close()
+    run.conn.close()
     if plan.scratch_dir is not None:
         shutil.rmtree(settings.layout.scratch(job.id), ignore_errors=True)
     run.sum_up()
@@ -80,6 +74,21 @@ def run_job(worker: Launcher, job: Job) -> None:
             host_cache.evict(settings.store, settings.cache_bytes, settings.collect_grace_s)
         except Exception as exc:
             log.warning("job %s: this host's copies of bucket objects not evicted: %s", job.id, exc)
+
+
+def start(worker: Launcher, plan: JobPlan, log_path: Path, publish: bool = True) -> JobRun:
+    """Start the plan's job process from the worker's fork server, with its events pipe and its stdout and
+    stderr (a pipe the supervisor copies to log_path, held to its cap: worker/joblog.py)."""
+    parent_conn, child_conn = worker.ctx.Pipe(duplex=False)
+    output, output_w = worker.ctx.Pipe(duplex=False)
+    widen(output)
+    proc = worker.ctx.Process(target=fork_server.run, name=f"trainyard-job-{plan.job.id}",
+                              args=(plan, child_conn, output_w))
+    proc.start()
+    child_conn.close()
+    output_w.close()
+    return JobRun(worker=worker, plan=plan, proc=proc, conn=parent_conn, log_path=log_path, output=output,
+                  publish=publish)
 
 
 def fetch_log(settings: Settings, job_id: int) -> None:

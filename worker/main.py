@@ -18,12 +18,23 @@ from typing import Any, TypeVar
 
 from sqlalchemy.exc import OperationalError
 
-from trainyard.app import dependents, device_names, gpu_order, hardware, migrate, placement, plugins, queue, wakeup
+from trainyard.app import (
+    dependents,
+    device_names,
+    gpu_order,
+    hardware,
+    migrate,
+    placement,
+    plugins,
+    queue,
+    spread,
+    wakeup,
+)
 from trainyard.app import workers as registry
 from trainyard.app.db import make_engine
 from trainyard.app.records import Job
 from trainyard.app.settings import Settings
-from trainyard.worker import fork_server, launch, prepare
+from trainyard.worker import fork_server, launch, part, prepare
 from trainyard.worker.plan import JobPlan
 
 log = logging.getLogger("trainyard.worker")
@@ -57,6 +68,7 @@ class Worker:
         self._last_look = 0.0
         self.listener: wakeup.Listener | None = None  # run() starts listening for queue changes
         self.db_waiting_since: float | None = None  # when the call to the database now under way began
+        self.last_part: tuple[int, int] | None = None  # the (job, claim) whose ranks on this host it ran last
 
     def db(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         """Call a queue function, riding out a database that is briefly unreachable (a PostgreSQL
@@ -126,6 +138,9 @@ class Worker:
                     # per look, not once per job: looks are at least LOOK_GAP_S apart.
                     time.sleep(max(0.0, self._last_look + LOOK_GAP_S - time.monotonic()))
                     continue
+                if self._leads_part(job):
+                    part.run_part(self, job)
+                    continue
                 self.run_job(job)
                 self.jobs_done += 1
         finally:
@@ -145,12 +160,21 @@ class Worker:
             self.housekeeping(state="idle", job_id=None)
             if self.unavailable:
                 return None
+            if self.slot.addr:  # lent to a job across hosts, the first of this host's ranks: run them
+                job = self.db(spread.part_to_run, self.id, self.settings.node)
+                if job is not None and (job.id, job.claim) != self.last_part:
+                    self.last_part = (job.id, job.claim)
+                    return job
             if self.db(queue.has_work, self.device, self.plugins, self.id, self.slot, self.settings.lease_s):
-                return self.db(queue.claim, self.id, self.device, self.settings.lease_s, self.plugins, self.slot)
+                return self.db(queue.claim, self.id, self.device, self.settings.lease_s, self.plugins, self.slot,
+                               port=part.free_port(self.slot.addr) if self.slot.addr else 0)
         except OperationalError:
             log.exception("database unavailable; the worker keeps trying")
             time.sleep(2.0)
         return None
+
+    def _leads_part(self, job: Job) -> bool:
+        return spread.part_leaders(job.ranks).get(self.settings.node) == self.id
 
     def _slot(self, reading: dict, build: dict | None = None) -> placement.Slot:
         """The device this worker claims for: a GPU by its UUID (workers on one GPU share it and its
@@ -164,9 +188,9 @@ class Worker:
             seen = (build or {}).get("cuda_devices") or []
             total = own["memory_total"] if own and own.get("memory_total") else \
                 seen[n].get("total_memory") if n is not None and n < len(seen) else None
-            return placement.Slot(key, budget or total,
-                                  headroom=self.settings.gpu_context_headroom_bytes)
-        return placement.Slot(f"{self.settings.node}/cpu" if budget else self.id, budget)
+            return placement.Slot(key, budget or total, headroom=self.settings.gpu_context_headroom_bytes,
+                                  addr=self.settings.node_addr)
+        return placement.Slot(f"{self.settings.node}/cpu" if budget else self.id, budget, addr=self.settings.node_addr)
 
     def housekeeping(self, state: str, job_id: int | None) -> None:
         """Heartbeat and sweep for lost jobs, at most every heartbeat_s. The API server sweeps too:

@@ -26,5 +26,7 @@ class JobPlan:
     ranks: tuple[str, ...] = ()      # a multi-device job's devices, rank 0 (this worker's) first; () for one device
     rank_uuids: tuple[str | None, ...] = ()  # each rank's GPU UUID (its worker's slot key): ranks pin themselves by it
     master: str = ""                 # "addr:port": the ranks meet at rank 0's TCPStore there; "": a file store
+    local_ranks: tuple[int, ...] = ()  # the ranks this host runs, the first in this process; (): all of them
+    node_addr: str = ""              # this host's address for the ranks of a job across hosts (its interface's)
     storage_url: str = ""            # where the run's files are published (app/storage.py); "" = the data dir
     fetch: tuple[str, ...] = ()      # stored keys to bring to this host's data dir first (they may be missing)

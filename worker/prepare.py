@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainyard.app import gpu_order, job_reads, placement
+from trainyard.app import gpu_order, job_reads, placement, spread
 from trainyard.app.layout import ARTIFACT_FILES, UPLOAD_DATA_FILE, UPLOAD_META_FILE
 from trainyard.app.records import Job
 from trainyard.app.settings import Settings
@@ -40,6 +40,8 @@ def plan_job(job: Job, settings: Settings, device: str, db: Callable[..., Any], 
         storage_url=settings.storage_url, fetch=fetch_keys(settings, job, model_job),
         ranks=tuple(r["device"] for r in job.ranks or ()),
         rank_uuids=tuple(r.get("key") if gpu_order.is_device_uuid(r.get("key")) else None for r in job.ranks or ()),
+        master=spread.master(job.ranks), node_addr=settings.node_addr or "",
+        local_ranks=spread.ranks_on(job.ranks, settings.node) if (job.hosts or 1) > 1 else (),
         resume_from=layout.resolve(job.checkpoint_path) if job.checkpoint_path else None,
         threads=max(1, (os.cpu_count() or 1) // max(1, len(here["cpu"]))) if device == "cpu" else None,
         memory_budget=memory.budget(settings.job_memory_bytes, settings.job_memory_share,

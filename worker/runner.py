@@ -16,6 +16,7 @@ import io
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -87,7 +88,7 @@ def execute(plan: JobPlan, emit: Callable[[dict], None], own_process: bool = Fal
         if len(plan.ranks) > 1:
             if not own_process:
                 raise RuntimeError("a job on several devices forks its ranks: run it in a process of its own")
-            where.world, emit = distributed.fork_ranks(len(plan.ranks), emit)
+            where.world, emit = distributed.fork_ranks(len(plan.ranks), emit, plan.local_ranks)
         device = _take_device(plan, where, own_process)
         # A run job's data_dir is a directory of its own, not the service's (where the database is).
         data_dir = plan.scratch_dir if spec.kind == "run" and plan.scratch_dir else plan.data_dir
@@ -100,13 +101,19 @@ def execute(plan: JobPlan, emit: Callable[[dict], None], own_process: bool = Fal
             store.publish_dir(plan.run_dir)
         emit({"type": "done", "result": result})
     except Exception as exc:
-        emit(_ending(exc, plan, where))
+        ending = _ending(exc, plan, where)
+        if ending.get("error", {}).get("type") == "RankLost":
+            # Another host's ranks broke the collective: their worker records why, if they can, meanwhile.
+            time.sleep(distributed.REASON_WAIT_S)
+        emit(ending)
 
 
 def _take_device(plan: JobPlan, where: _Placement, own_process: bool) -> torch.device:
     """This rank's device, made the current one, with the process's limits set and the ranks joined."""
     rank = where.world.rank
     where.name = plan.ranks[rank] if plan.ranks else plan.device
+    if plan.master:
+        distributed.use_interface(plan.node_addr)
     if plan.rank_uuids:  # before anything touches CUDA: this rank sees its own GPU, by its UUID
         where.name = distributed.pin(where.name, plan.rank_uuids[rank])
     device = where.device = torch_devices.resolve(where.name)
@@ -144,6 +151,11 @@ def _ending(exc: Exception, plan: JobPlan, where: _Placement) -> dict:
         return {"type": "error", "error": _error(Failure.OOM, exc, message)}
     if isinstance(exc, Unavailable | RendezvousFailed):  # the store or the ranks' network: retried
         return {"type": "error", "error": _error(Failure.INFRASTRUCTURE, exc)}
+    if plan.master and where.world.size > 1 and distributed.is_broken_link(exc):  # a host's ranks went away
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        message = (f"rank {where.world.rank} lost its link to the job's other ranks (a host's ranks or its network "
+                   f"went away): {type(exc).__name__}: {first}")
+        return {"type": "error", "error": _error(Failure.INFRASTRUCTURE, exc, message) | {"type": "RankLost"}}
     # JobError, or an exception in training: the job's own error, not retried
     if torch_devices.is_device_failure(exc):  # the device's, not the job's: retried on another worker
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]

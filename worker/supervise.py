@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from trainyard.app import preemption, queue
+from trainyard.app import preemption, queue, spread
 from trainyard.app.layout import ARTIFACT_FILES
 from trainyard.app.spec import MAX_META_FILE_BYTES, MAX_METRIC_KEYS, MAX_METRIC_NAME
 from trainyard.app.states import Failure, error_record
@@ -113,6 +113,8 @@ def _supervise(run: JobRun, lease: LeaseWatch | None) -> None:
             if fenced == "lost":
                 run.lost()
                 break
+            if run.plan.master and lost_host(run):
+                break
             if fenced == "preempt" and run.stop_reason is None:  # its device goes to a job of higher priority
                 run.begin_stop("preempt", settings.grace_s)
         if now >= next_renew:
@@ -124,6 +126,20 @@ def _supervise(run: JobRun, lease: LeaseWatch | None) -> None:
                 lease.renewed(now)
             run.worker.housekeeping(state="busy", job_id=run.job.id)
             run.publish_log()
+
+
+def lost_host(run: JobRun) -> bool:
+    """A job across hosts whose other hosts' ranks are gone (their worker stopped heartbeating for a lease:
+    killed, or cut off) ends now as `infrastructure`, retried from its last checkpoint: its collectives
+    would otherwise wait for them until they time out."""
+    lease_s = run.worker.settings.lease_s
+    lost = run.worker.db(spread.lost_hosts, run.job, lease_s)
+    if not lost:
+        return False
+    run.stop_now()
+    run.fail(error_record(Failure.INFRASTRUCTURE, "HostLost", f"host {lost[0]} stopped heartbeating for "
+                          f"{lease_s:g} s: its ranks of the job are lost"))
+    return True
 
 
 def drain(run: JobRun, wait: float) -> None:

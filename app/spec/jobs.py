@@ -13,8 +13,9 @@ from trainyard.app.spec.train import DataSpec, ModelSpec, TrainParams
 JOB_KINDS = ("train", "predict", "run")
 DEVICE_PATTERN = device_names.PATTERN
 MAX_PREDICT_ROWS = 10_000
-# Devices one job may span (ranks of one host).
+# Devices one job may span (ranks, on one host or spread over several), and hosts it may spread over.
 MAX_DEVICES = 16
+MAX_HOSTS = 8
 # Ids are the tables' INTEGER (32-bit on PostgreSQL): a larger one is a 422, never a query that fails.
 MAX_ID = 2**31 - 1
 # Jobs one job may wait for (`after`), and jobs one batch may submit (POST /jobs/batch).
@@ -78,11 +79,19 @@ class _JobBase(_Strict):
     def device_count(self) -> int:
         return getattr(self, "devices", 1)
 
+    @property
+    def host_count(self) -> int:
+        return getattr(self, "hosts", 1)
+
 
 class _MultiDevice(_JobBase):
-    """Train and run jobs may span several devices of one host (DistributedDataParallel, one process each)."""
-    devices: int = Field(1, ge=1, le=MAX_DEVICES, description="devices of one host the job runs on, one process "
-                         "each (DistributedDataParallel); train.batch_size is per device")
+    """Train and run jobs may span several devices (DistributedDataParallel, one process each), of one host or
+    spread evenly over several."""
+    devices: int = Field(1, ge=1, le=MAX_DEVICES, description="devices the job runs on, one process each "
+                         "(DistributedDataParallel); train.batch_size is per device")
+    hosts: int = Field(1, ge=1, le=MAX_HOSTS, description="hosts the devices are spread over, devices/hosts on "
+                       "each (the workers of every host share the database and a bucket, and each host sets "
+                       "TRAINYARD_NODE_ADDR, the address the others reach its ranks at)")
 
     @model_validator(mode="after")
     def _whole_devices(self):
@@ -92,6 +101,11 @@ class _MultiDevice(_JobBase):
             if self.device not in ("auto", "cpu", "cuda"):
                 raise ValueError(f"devices: a job on {self.devices} devices names a kind of device "
                                  f"(auto, cpu or cuda), not one device ({self.device})")
+        if self.hosts > self.devices:
+            raise ValueError(f"hosts: a job on {self.devices} device(s) cannot span {self.hosts} hosts")
+        if self.hosts > 1 and self.devices % self.hosts:
+            raise ValueError(f"hosts: {self.devices} devices do not spread evenly over {self.hosts} hosts; "
+                             "devices must be a multiple of hosts")
         return self
 
 

@@ -1,7 +1,7 @@
-"""Hosts on one machine, for the tests: each a network namespace of its own (`ip netns`) with an address
-on a bridge the test makes, reaching the outside world (PostgreSQL, the S3 server) only through the
-bridge's own address, where the test forwards the ports it names (socat). Cutting a host's link
-(`ip link set ... down`) is a host whose network went away.
+"""Hosts on one machine, for the tests and the benchmarks: each a network namespace of its own (`ip netns`)
+with an address on a bridge made for it, reaching the outside world (PostgreSQL, the S3 server) only
+through the bridge's own address, where the caller forwards the ports it names (socat). Cutting a host's
+link (`ip link set ... down`) is a host whose network went away.
 
 Everything made here (namespaces, links, the bridge, the forwards, every process left in a namespace) is
 removed on leaving `hosts()`, whatever happened. Making namespaces needs root; `unavailable()` says why
@@ -11,13 +11,14 @@ import ipaddress
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
-from tests.service import Service
+from trainyard.app.launcher import Service
 from trainyard.worker import reaper
 
 
@@ -59,14 +60,17 @@ class Host:
 @dataclass
 class Network:
     bridge: str
-    gateway: str  # the bridge's address: where the hosts reach what the test forwards
+    gateway: str  # the bridge's address: where the hosts reach what the caller forwards
     hosts: list[Host] = field(default_factory=list)
     forwards: list[subprocess.Popen] = field(default_factory=list)
 
     def forward(self, port: int) -> str:
         """127.0.0.1:port of this machine, reachable from every host at gateway:port."""
+        # A session of its own: the children it forks per connection are killed with it (_stop), even those
+        # whose connection hangs (a host cut off).
         proc = subprocess.Popen(["socat", f"TCP-LISTEN:{port},bind={self.gateway},reuseaddr,fork",
-                                 f"TCP:127.0.0.1:{port}"], stderr=subprocess.DEVNULL)
+                                 f"TCP:127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
         self.forwards.append(proc)
         deadline = time.monotonic() + 10
         while f"{self.gateway}:{port} " not in sh("ss", "-ltnH"):
@@ -88,7 +92,7 @@ def _free_subnet() -> ipaddress.IPv4Network:
         net = ipaddress.IPv4Network(f"10.{secrets.randbelow(56) + 200}.{secrets.randbelow(256)}.0/24")
         if not any(net.overlaps(u) for u in used):
             return net
-    raise RuntimeError("no free 10.200-255.x.0/24 subnet for the test's hosts")
+    raise RuntimeError("no free 10.200-255.x.0/24 subnet for the hosts")
 
 
 @contextmanager
@@ -120,13 +124,23 @@ def hosts(count: int) -> Iterator[Network]:
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
+    """Each forward and every child it forked (its process group)."""
     for p in procs:
-        p.terminate()
+        _signal_group(p.pid, signal.SIGTERM)
     for p in procs:
         try:
             p.wait(10)
         except subprocess.TimeoutExpired:
             p.kill()
+            p.wait()
+        _signal_group(p.pid, signal.SIGKILL)  # children still serving a connection
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _remove(host: Host) -> None:

@@ -1,0 +1,123 @@
+"""A job's ranks on a host other than rank 0's (a job across hosts, app/spread.py): the part leader runs them.
+
+The part leader is the first worker of this host that the job borrowed. Its job process is the first of
+this host's ranks and forks the others (worker/distributed.py); they meet rank 0's at its address. Rank
+0's worker owns the job: it renews the lease and records progress and the end. Here the supervisor only:
+
+- reads the job's fence every FENCE_CHECK_S: a job cancelled, failed or taken over (its lease ran out)
+  stops this host's ranks at once;
+- records a rank's own error as the job's failure (fenced: the first ending recorded stands);
+- heartbeats, which is how rank 0's worker knows this host is still there (spread.lost_hosts);
+- stops its ranks when the database cannot be reached for a lease (LeaseWatch on the fence reads): rank 0's
+  worker has ended the run by then, and may be running it elsewhere.
+
+Its log is this host's own (logs/<id>.part.log, not published): the job's log is rank 0's. Torch-free.
+"""
+import logging
+import socket
+import time
+from contextlib import closing
+
+from trainyard.app import queue
+from trainyard.app.records import Job
+from trainyard.app.states import Failure, error_record
+from trainyard.worker import launch
+from trainyard.worker.job_run import JobRun
+from trainyard.worker.supervise import FENCE_CHECK_S, LeaseWatch
+
+log = logging.getLogger("trainyard.worker")
+
+
+def free_port(addr: str) -> int:
+    """A TCP port free on this host's address now, for the ranks of a job this worker may claim to meet at."""
+    with closing(socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET)) as s:
+        try:
+            s.bind((addr, 0))
+        except OSError:  # not an address of this host: rank 0's check says so when a job starts
+            s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def run_part(worker: launch.Launcher, job: Job) -> None:
+    """Run this host's ranks of a job across hosts until they end or the job is no longer theirs."""
+    settings = worker.settings
+    try:
+        plan = worker.plan(job)
+    except Exception as exc:
+        worker.db(queue.fail, job.id, job.claim, error_record(Failure.JOB, type(exc).__name__, str(exc)))
+        return
+    log_path = settings.layout.log(job.id).with_name(f"{job.id}.part.log")
+    run = launch.start(worker, plan, log_path, publish=False)
+    run.log(f"ranks {', '.join(map(str, plan.local_ranks))} of job {job.id} (run {job.claim}) on {worker.id} "
+            f"({worker.device}); they meet rank 0 at {plan.master}; job process pid {run.proc.pid}")
+    log.info("job %s: running its ranks %s on this host", job.id, plan.local_ranks)
+    lease = LeaseWatch(run, settings.lease_s) if settings.db_url.startswith("postgresql") else None
+    try:
+        _supervise_part(run, lease)
+    finally:
+        if lease is not None:
+            lease.close()
+    run.proc.join(timeout=5)
+    run.end_processes()
+    run.conn.close()
+    run.sum_up()
+
+
+def _supervise_part(run: JobRun, lease: LeaseWatch | None) -> None:
+    settings, node = run.worker.settings, run.worker.settings.node
+    next_fence = time.monotonic()
+    while True:
+        _handle(run, node)
+        if run.outcome is not None:
+            return
+        if lease is not None and lease.lapsed:
+            return run.lost("the database could not be reached for a lease")
+        if not run.proc.is_alive():
+            _handle(run, node)
+            if run.outcome is None:
+                code = run.proc.exitcode
+                run.fail(error_record(Failure.INFRASTRUCTURE, "RankLost", f"host {node}: the process of ranks "
+                                      f"{', '.join(map(str, run.plan.local_ranks))} ended ({_how(code)}) "
+                                      "without reporting"))
+            return
+        now = time.monotonic()
+        if run.worker.stopping and run.stop_reason is None:  # the ranks vote to stop; rank 0 checkpoints
+            run.worker.mark_stopping(run.job.id)
+            run.begin_stop("shutdown", settings.grace_s)
+        if run.stop_deadline is not None and now > run.stop_deadline:
+            run.kill()
+        if now >= next_fence:
+            next_fence = now + FENCE_CHECK_S
+            if not run.worker.db(queue.still_ours, run.job.id, run.job.claim):
+                return run.lost("ended, or taken over, by rank 0's worker")
+            if lease is not None:
+                lease.renewed(now)
+            run.worker.housekeeping(state="busy", job_id=run.job.id)
+
+
+def _handle(run: JobRun, node: str) -> None:
+    """This host's ranks' events: their log lines; an error (recorded as the job's failure); their end."""
+    events: list[dict] = []
+    try:
+        if run.out.wait(run.conn, 0.05):
+            while len(events) < 1000 and run.conn.poll(0):
+                events.append(run.conn.recv())
+    except (EOFError, OSError):
+        pass  # the process is gone, after what it sent: handled below
+    for event in events:
+        kind = event.get("type")
+        if kind == "log":
+            run.log(event["line"])
+        elif kind == "error":
+            error = event["error"]
+            run.log(error.get("traceback") or "")
+            run.fail({**error, "message": f"host {node}: {error['message']}"})
+        elif kind in ("done", "preempted"):  # rank 0 records the job's end
+            run.outcome = "done"
+            run.log(f"this host's ranks ended ({kind})")
+        if run.outcome is not None:
+            return
+
+
+def _how(code: int | None) -> str:
+    return f"signal {-code}" if code is not None and code < 0 else f"exit status {code}"
