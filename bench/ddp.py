@@ -37,9 +37,10 @@ JOB: dict[str, Any] = {"kind": "train", "name": "bench-ddp", "model": {"arch": "
        "train": {"epochs": 4, "optimizer": "sgd", "lr": 0.01, "momentum": 0.9}}
 
 
-def service_rate(svc: Service, devices: int, kind: str, per_rank: int) -> float:
+def service_rate(svc: Service, devices: int, kind: str, per_rank: int, hosts: int = 1) -> float:
     train = {**JOB["train"], "batch_size": per_rank * (2 if devices == 1 else 1)}
-    job = svc.wait_state(svc.submit({**JOB, "train": train, "devices": devices, "device": kind})["id"], timeout=1800)
+    job = svc.wait_state(svc.submit({**JOB, "train": train, "devices": devices, "hosts": hosts, "device": kind})["id"],
+                         timeout=1800)
     assert job["state"] == JobState.SUCCEEDED, job
     assert (job["result"]["devices"]) == devices
     with svc.client() as c:
@@ -49,7 +50,8 @@ def service_rate(svc: Service, devices: int, kind: str, per_rank: int) -> float:
 
 # -- the hand-written loop ------------------------------------------------------------------------
 
-def _rank(rank: int, world: int, store: str, data_dir: str, device_kind: str, per_rank: int, out) -> None:
+def _rank(rank: int, world: int, init_method: str, data_dir: str, device_kind: str, per_rank: int, out,
+          threads: int = 1) -> None:
     import torch.distributed as dist
     from torch import nn
 
@@ -60,10 +62,10 @@ def _rank(rank: int, world: int, store: str, data_dir: str, device_kind: str, pe
     assert isinstance(spec, TrainJob)
     device = torch.device(f"cuda:{rank}" if device_kind == "cuda" else "cpu")
     if device.type == "cpu":
-        torch.set_num_threads(1)
+        torch.set_num_threads(threads)
     else:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"file://{store}",
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method,
                             rank=rank, world_size=world)
     d = data.load(spec.data, Path(data_dir), device)
     torch.manual_seed(0)
@@ -98,7 +100,7 @@ def hand_written(data_dir: Path, device_kind: str, per_rank: int, world: int = 2
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     store = tempfile.mktemp(prefix="trainyard-bench-ddp-")
-    procs = [ctx.Process(target=_rank, args=(r, world, store, str(data_dir), device_kind, per_rank, out))
+    procs = [ctx.Process(target=_rank, args=(r, world, f"file://{store}", str(data_dir), device_kind, per_rank, out))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -108,14 +110,31 @@ def hand_written(data_dir: Path, device_kind: str, per_rank: int, world: int = 2
     return rate(res["seconds"], res["samples"])
 
 
+class _Printed:
+    """The loop's result as torchrun's rank 0 reports it: one JSON line on stdout."""
+    def put(self, res: dict) -> None:
+        print(json.dumps({"rate": rate(res["seconds"], res["samples"])}), flush=True)
+
+
+def torchrun_rank(data_dir: str, per_rank: int, threads: int) -> None:
+    """One rank of the hand-written loop as torchrun starts it (RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
+    _rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://", data_dir, "cpu", per_rank, _Printed(),
+          threads)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--per-rank", default="32,128", help="per-rank batch sizes, comma-separated")
     ap.add_argument("--hand-written", dest="hand", help=argparse.SUPPRESS)  # internal: one run of the loop
+    ap.add_argument("--torchrun", help=argparse.SUPPRESS)  # internal: a rank under torchrun (bench/hosts.py)
+    ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
     sizes = [int(b) for b in args.per_rank.split(",")]
+    if args.torchrun:
+        torchrun_rank(args.torchrun, sizes[0], args.threads)
+        return
     if args.hand:
         print(json.dumps({"rate": hand_written(Path(args.hand), args.device, sizes[0])}))
         return

@@ -43,11 +43,20 @@ def plan_job(job: Job, settings: Settings, device: str, db: Callable[..., Any], 
         master=spread.master(job.ranks), node_addr=settings.node_addr or "",
         local_ranks=spread.ranks_on(job.ranks, settings.node) if (job.hosts or 1) > 1 else (),
         resume_from=layout.resolve(job.checkpoint_path) if job.checkpoint_path else None,
-        threads=max(1, (os.cpu_count() or 1) // max(1, len(here["cpu"]))) if device == "cpu" else None,
+        threads=max(1, usable_cores() // max(1, len(here["cpu"]))) if device == "cpu" else None,
         memory_budget=memory.budget(settings.job_memory_bytes, settings.job_memory_share,
                                     memory.host_total(), len(here["all"])),
         gpu_memory_fraction=gpu_memory_fraction, model_dir=model_dir, model_spec=model_spec,
         scratch_dir=scratch(settings, job))
+
+
+def usable_cores() -> int:
+    """The cores this worker may run on: its CPU affinity (a container's cpuset, `taskset`), not every core of
+    the machine, or CPU jobs sized for the machine oversubscribe the cores they were given."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no sched_getaffinity (macOS)
+        return os.cpu_count() or 1
 
 
 def scratch(settings: Settings, job: Job) -> Path | None:

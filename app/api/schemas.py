@@ -83,8 +83,10 @@ class JobSummary(BaseModel):
     worker_id: str | None
     requested_device: str = Field(description="the spec's device: auto, cpu, cuda or cuda:N")
     device: str | None = Field(description="the device the job ran on (rank 0's, for a job on several devices)")
-    ranks: list[dict[str, str]] | None = Field(None, description="a job on several devices: each rank's worker and "
-                                                                 "device, rank 0 first, for its latest run")
+    ranks: list[dict[str, str]] | None = Field(None, description="a job on several devices: each rank's worker, "
+                                                                 "device and host (across hosts also its address, "
+                                                                 "and rank 0's rendezvous port), rank 0 first, for "
+                                                                 "its latest run")
     progress: Progress
     latest_metrics: SerializeAsAny[EpochMetrics] | None
     peak_memory_allocated: int | None = Field(description="peak torch.cuda.max_memory_allocated (bytes, CUDA only)")
