@@ -40,7 +40,7 @@ JOB: dict[str, Any] = {"kind": "train", "name": "bench-ddp", "model": {"arch": "
 def service_rate(svc: Service, devices: int, kind: str, per_rank: int, hosts: int = 1) -> float:
     train = {**JOB["train"], "batch_size": per_rank * (2 if devices == 1 else 1)}
     job = svc.wait_state(svc.submit({**JOB, "train": train, "devices": devices, "hosts": hosts, "device": kind})["id"],
-                         timeout=1800)
+                         timeout=1800, poll=1.0)
     assert job["state"] == JobState.SUCCEEDED, job
     assert (job["result"]["devices"]) == devices
     with svc.client() as c:

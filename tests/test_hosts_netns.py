@@ -27,7 +27,7 @@ from safetensors.torch import load
 from bench.common import postgres_schema
 from bench.netns import Host, Network, hosts, unavailable
 from tests.conftest import slow_job, tiny_job
-from tests.service import FAST_ENV, ROOT, Service, free_port
+from tests.service import FAST_ENV, ROOT, Service, free_port, probe_plugin, run_job
 from tests.test_reliability import alive, job_pids, metrics, wait_checkpoint
 
 why_not = unavailable()
@@ -190,12 +190,26 @@ def gone_within(f: Fleet, host_list, seconds: float, since: float) -> float:
     return time.monotonic() - since
 
 
+GIVE_UP = """
+import torch.distributed as dist
+
+
+def give_up_on_rank_1(ctx, config):
+    if ctx.rank == 1:
+        raise ValueError(f"rank 1 of {ctx.world_size} (local rank {ctx.local_rank}) gives up")
+    dist.barrier()  # rank 0 waits for a rank that will never come
+    return {}
+"""
+
+
 @pytest.mark.postgres
 def test_a_job_on_two_hosts_takes_the_steps_of_two_ranks_on_one_and_cancel_ends_both(tmp_path, bucket):
+    (tmp_path / "plugin").mkdir()
+    plugin = probe_plugin(tmp_path / "plugin", "trainyard_give_up", GIVE_UP, ("give_up_on_rank_1",))
     with fleet(tmp_path, bucket, 2) as f:
         a, b = f.net.hosts
-        f.start(a)
-        f.start(b)
+        f.start(a, PYTHONPATH=f"{ROOT}:{plugin}")
+        f.start(b, PYTHONPATH=f"{ROOT}:{plugin}")
         spec = {**tiny_job(epochs=4, lr=0.05, batch_size=16), "model": {"arch": "mlp", "hidden": [16]}}
         two_hosts = f.api.wait_state(f.api.submit({**spec, "devices": 2, "hosts": 2})["id"], timeout=180)
         assert two_hosts["state"] == "succeeded", (two_hosts["errors"], two_hosts["ranks"])
@@ -210,6 +224,14 @@ def test_a_job_on_two_hosts_takes_the_steps_of_two_ranks_on_one_and_cancel_ends_
             assert c.post(f"/jobs/{job['id']}/cancel").status_code == 200
         took = gone_within(f, (a, b), LEASE_S + 2, time.monotonic())
         assert f.api.job(job["id"])["state"] == "cancelled"
+
+        # A rank's own error on the other host is the job's, named, not retried; no rank is left anywhere.
+        failed = f.api.wait_state(f.api.submit({**run_job("give_up_on_rank_1"), "devices": 2, "hosts": 2})["id"])
+        assert failed["state"] == "failed" and failed["runs"] == 1, failed
+        rank_1 = failed["ranks"][1]["host"]
+        assert failed["error"]["class"] == "job" and failed["error"]["type"] == "ValueError", failed["error"]
+        assert failed["error"]["message"] == f"host {rank_1}: rank 1 of 2 (local rank 0) gives up", failed["error"]
+        gone_within(f, (a, b), 10, time.monotonic())
 
         # The same job on two ranks of one host: the same losses and weights.
         f.start(a)
@@ -226,7 +248,7 @@ def test_a_job_on_two_hosts_takes_the_steps_of_two_ranks_on_one_and_cancel_ends_
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("loss", ["sigkill", "link_down"])
+@pytest.mark.parametrize("loss", ["sigkill", "rank_sigkill", "link_down"])
 def test_a_lost_host_ends_the_run_on_every_host_within_the_lease_and_the_job_resumes(tmp_path, bucket, loss):
     with fleet(tmp_path, bucket, 3) as f:
         for h in f.net.hosts:
@@ -237,8 +259,11 @@ def test_a_lost_host_ends_the_run_on_every_host_within_the_lease_and_the_job_res
         [third] = [h for h in f.net.hosts if h not in (first, second)]
         assert f.job_processes(first) and f.job_processes(second) and not f.job_processes(third)
 
-        if loss == "sigkill":
+        if loss == "sigkill":  # the second host's worker
             os.kill(f.workers[second.name][0].pid, signal.SIGKILL)
+        elif loss == "rank_sigkill":  # the second host's rank, its worker alive
+            for pid in f.job_processes(second):
+                os.kill(pid, signal.SIGKILL)
         else:
             second.cut()
         lost_at = time.monotonic()
@@ -246,9 +271,11 @@ def test_a_lost_host_ends_the_run_on_every_host_within_the_lease_and_the_job_res
 
         done = f.api.wait_state(job["id"], timeout=300)
         assert done["state"] == "succeeded" and done["runs"] == 2, done
-        assert {r["host"] for r in done["ranks"]} == {first.name, third.name}
+        if loss != "rank_sigkill":  # the second host is gone: the job resumed on the other two
+            assert {r["host"] for r in done["ranks"]} == {first.name, third.name}
         why = done["errors"][0]
-        # Rank 0's worker saw the host stop heartbeating (HostLost), or rank 0 its link to the rank reset (RankLost).
+        # Rank 0's worker saw the host stop heartbeating (HostLost), or a rank's link to the other broke, or the
+        # second host's worker saw its rank die (RankLost).
         assert why["class"] == "infrastructure" and why["type"] in ("HostLost", "RankLost"), why
         if why["type"] == "HostLost" or loss == "link_down":  # a link that went down resets no connection
             assert why["type"] == "HostLost" and f"host {second.name} " in why["message"], why

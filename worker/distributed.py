@@ -50,6 +50,7 @@ class World:
     rank: int = 0
     size: int = 1
     control: Any = field(default=None, repr=False)  # the gloo group the stop vote and checkpoint RNG states use
+    local_rank: int = 0  # its place among its host's ranks
 
     @property
     def leader(self) -> bool:
@@ -107,13 +108,13 @@ def fork_ranks(size: int, emit: Callable[[dict], None],
     to the job process."""
     local = local or tuple(range(size))
     watch = RankWatch(emit)
-    for rank in local[1:]:
+    for i, rank in enumerate(local[1:], 1):
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(read_end)
             _die_with_parent()
-            return World(rank, size), _rank_emit(write_end)
+            return World(rank, size, local_rank=i), _rank_emit(write_end)
         os.close(write_end)
         watch.watch(rank, pid, read_end)
         emit({"type": "log", "line": f"rank {rank} pid {pid}"})  # the job's log names every rank's process

@@ -9,7 +9,8 @@ this host's ranks and forks the others (worker/distributed.py); they meet rank 0
 - records a rank's own error as the job's failure (fenced: the first ending recorded stands);
 - heartbeats, which is how rank 0's worker knows this host is still there (spread.lost_hosts);
 - stops its ranks when the database cannot be reached for a lease (LeaseWatch on the fence reads): rank 0's
-  worker has ended the run by then, and may be running it elsewhere.
+  worker has ended the run by then, and may be running it elsewhere;
+- holds them to the host-memory budget, as any job process (an `oom` failure past it).
 
 Its log is this host's own (logs/<id>.part.log, not published): the job's log is rank 0's. Torch-free.
 """
@@ -74,7 +75,9 @@ def _supervise_part(run: JobRun, lease: LeaseWatch | None) -> None:
             return run.lost("the database could not be reached for a lease")
         if not run.proc.is_alive():
             _handle(run, node)
-            if run.outcome is None:
+            if run.outcome is None and run.stop_reason == "memory":
+                run.child_died()  # its host-memory budget: oom
+            elif run.outcome is None:
                 code = run.proc.exitcode
                 run.fail(error_record(Failure.INFRASTRUCTURE, "RankLost", f"host {node}: the process of ranks "
                                       f"{', '.join(map(str, run.plan.local_ranks))} ended ({_how(code)}) "
@@ -88,6 +91,8 @@ def _supervise_part(run: JobRun, lease: LeaseWatch | None) -> None:
             run.kill()
         if now >= next_fence:
             next_fence = now + FENCE_CHECK_S
+            if run.watch is not None and run.watch.over() and run.stop_reason != "memory":
+                run.begin_stop("memory", 0)
             if not run.worker.db(queue.still_ours, run.job.id, run.job.claim):
                 return run.lost("ended, or taken over, by rank 0's worker")
             if lease is not None:

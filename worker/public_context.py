@@ -76,6 +76,11 @@ class Context:
     def world_size(self) -> int:
         return self._job.world.size
 
+    @property
+    def local_rank(self) -> int:
+        """This rank's place among the ranks on its own host (rank itself for a job on one host)."""
+        return self._job.world.local_rank
+
     def parallel(self, model: nn.Module) -> nn.Module:
         """The model as it should be trained: in DistributedDataParallel on several devices, as is on one."""
         if self.world_size == 1:

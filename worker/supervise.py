@@ -22,6 +22,9 @@ log = logging.getLogger("trainyard.worker")
 
 # How often a running job's row is re-read: a cancel must stop the job process within 2 seconds.
 FENCE_CHECK_S = 0.25
+# How often rank 0's worker looks for the other hosts of a job across hosts: a host silent for a lease ends the
+# run then, so a second more is within the lease + 2 s every rank stops in (spread.lost_hosts).
+HOSTS_CHECK_S = 1.0
 PROGRESS = ("epoch", "checkpoint", "total")
 # While a job's events flow, its pipe is read at most this often: a job finishing a thousand epochs
 # a second costs twenty commits a second, not a thousand, and leaves the other cores to training.
@@ -90,7 +93,7 @@ def supervise(run: JobRun) -> None:
 
 def _supervise(run: JobRun, lease: LeaseWatch | None) -> None:
     settings = run.worker.settings
-    next_fence = next_renew = time.monotonic()
+    next_fence = next_renew = next_hosts_check = time.monotonic()
     while True:
         drain(run, wait=0.05)
         if run.outcome is not None:
@@ -113,8 +116,10 @@ def _supervise(run: JobRun, lease: LeaseWatch | None) -> None:
             if fenced == "lost":
                 run.lost()
                 break
-            if run.plan.master and lost_host(run):
-                break
+            if run.plan.master and now >= next_hosts_check:
+                next_hosts_check = now + HOSTS_CHECK_S
+                if lost_host(run):
+                    break
             if fenced == "preempt" and run.stop_reason is None:  # its device goes to a job of higher priority
                 run.begin_stop("preempt", settings.grace_s)
         if now >= next_renew:
