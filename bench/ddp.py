@@ -120,6 +120,10 @@ def torchrun_rank(data_dir: str, per_rank: int, threads: int) -> None:
     """One rank of the hand-written loop as torchrun starts it (RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
     _rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://", data_dir, "cpu", per_rank, _Printed(),
           threads)
+    # No interpreter teardown, as a job process ends (worker/runner.py): gloo's destructors racing the other
+    # host's exit sometimes abort a rank that had finished.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def main() -> None:

@@ -111,7 +111,9 @@ def cmd_jobs(client: Client, args) -> int:
     def render(page: dict) -> None:
         t = Table("id", "kind", "name", "state", "device", "progress", "created")
         for j in page["data"]:
-            ran = " + ".join(r["device"] for r in j.get("ranks") or []) or j["device"]  # each rank's device
+            ranks = j.get("ranks") or []
+            across = len({r.get("host") for r in ranks}) > 1  # a job across hosts: each rank's host too
+            ran = " + ".join(f"{r['device']}@{r['host']}" if across else r["device"] for r in ranks) or j["device"]
             t.add_row(str(j["id"]), j["kind"], shown(j["name"] or ""), state_text(j["state"]),
                       shown(ran or j["requested_device"]),
                       progress_text(j), j["created_at"][:19])
