@@ -7,9 +7,10 @@ import platform
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -134,3 +135,17 @@ def table(headers: list[str], rows: list[list]) -> str:
 def verdict(value: float, target: float, below: bool = True) -> str:
     ok = value < target if below else value >= target
     return "met" if ok else "**missed**"
+
+
+def alternating_rounds(runners: Mapping[str, Callable[[int], float]], sizes: list[int], rounds: int,
+                       width: int = 28) -> dict[tuple[int, str], list[float]]:
+    """Each runner's figure for each size, `rounds` times, the runners' order reversed every other round so
+    that a machine warming up or slowing down favours none; each figure printed to stderr as it comes."""
+    results: dict[tuple[int, str], list[float]] = {}
+    for r in range(rounds):
+        for b in sizes:
+            for name in (list(runners) if r % 2 == 0 else list(runners)[::-1]):
+                results.setdefault((b, name), []).append(runners[name](b))
+                print(f"  round {r + 1} b={b:<4} {name:{width}} {results[(b, name)][-1]:8.0f} samples/s",
+                      file=sys.stderr)
+    return results

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from bench.common import PROD_ENV, ROOT
+from bench.common import PROD_ENV, ROOT, alternating_rounds
 from bench.train_throughput import rate
 from trainyard.app.launcher import Service
 from trainyard.app.states import JobState
@@ -146,7 +146,6 @@ def main() -> None:
     svc = Service.isolated(tmp / "data", env=PROD_ENV).start_server()
     for d in (["cpu", "cpu"] if args.device == "cpu" else ["cuda:0", "cuda:1"]):
         svc.start_worker(d)
-    results: dict[tuple[int, str], list[float]] = {}
 
     def hand(b: int) -> float:
         out = subprocess.run([sys.executable, "-m", "bench.ddp", "--device", args.device, "--per-rank", str(b),
@@ -159,13 +158,7 @@ def main() -> None:
                "hand-written DDP, 2 ranks": hand}
     try:
         service_rate(svc, 1, args.device, sizes[0])  # the dataset decoded into the cache once, before any timing
-        for r in range(args.rounds):
-            for b in sizes:
-                order = list(runners) if r % 2 == 0 else list(reversed(runners))
-                for name in order:
-                    results.setdefault((b, name), []).append(runners[name](b))
-                    print(f"  round {r + 1} b={b:<4} {name:28} {results[(b, name)][-1]:8.0f} samples/s",
-                          file=sys.stderr)
+        results = alternating_rounds(runners, sizes, args.rounds)
     finally:
         svc.stop()
     med = {k: statistics.median(v) for k, v in results.items()}

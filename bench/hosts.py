@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from bench import netns
-from bench.common import PROD_ENV, ROOT, postgres_schema
+from bench.common import PROD_ENV, ROOT, alternating_rounds, postgres_schema
 from bench.ddp import JOB, service_rate
 from trainyard.app.launcher import Service, free_port
 
@@ -93,7 +93,6 @@ def main() -> None:
     sizes = [int(b) for b in args.per_rank.split(",")]
     threads = len(cores_of(0).split(","))
     tmp = Path(tempfile.mkdtemp(prefix="trainyard-bench-hosts-"))
-    results: dict[tuple[int, str], list[float]] = {}
     with netns.hosts(2) as net, postgres_schema("bhosts") as db_url:
         pg = net.forward(5432)
         svc = Service.isolated(tmp / "api", db_url, env={**PROD_ENV, "TRAINYARD_NODE_NAME": "api"}).start_server()
@@ -105,12 +104,7 @@ def main() -> None:
             runners = {"service, 2 hosts": lambda b: service_rate(svc, 2, "cpu", b, hosts=2),
                        "torchrun, 2 hosts": lambda b: torchrun_rate(net, tmp / "torchrun", b)}
             service_rate(svc, 2, "cpu", sizes[0], hosts=2)  # each host decodes the dataset once, before any timing
-            for r in range(args.rounds):
-                for b in sizes:
-                    for name in (list(runners) if r % 2 == 0 else list(reversed(runners))):
-                        results.setdefault((b, name), []).append(runners[name](b))
-                        print(f"  round {r + 1} b={b:<4} {name:20} {results[(b, name)][-1]:8.0f} samples/s",
-                              file=sys.stderr)
+            results = alternating_rounds(runners, sizes, args.rounds, width=20)
         finally:
             svc.stop()
     med = {k: statistics.median(v) for k, v in results.items()}

@@ -37,85 +37,6 @@ LEASE_S = float(FAST_ENV["TRAINYARD_LEASE_S"])
 EPOCHS = 30
 
 
-@pytest.mark.postgres
-def test_a_host_cut_off_stops_its_job_within_the_lease_and_the_job_resumes_on_another_host(tmp_path, bucket):
-    with hosts(2) as net, postgres_schema("netns") as db_url:
-        pg = net.forward(5432)
-        s3 = net.forward(int(bucket.env["AWS_ENDPOINT_URL_S3"].rsplit(":", 1)[1]))
-        api = Service(tmp_path / "api", db_url, env={**bucket.env, "TRAINYARD_STORAGE_URL": bucket.url,
-                                                     "TRAINYARD_NODE_NAME": "api"})
-        try:
-            api.start_server()
-            # What a host is told: the database and the bucket at the bridge's address, a data dir of its own.
-            on_bridge = {"TRAINYARD_DATABASE_URL": db_url.replace("127.0.0.1:5432", pg),
-                         "AWS_ENDPOINT_URL_S3": f"http://{s3}"}
-            a, b = net.hosts
-            worker_a = net.start_worker(api, a, {**on_bridge, "TRAINYARD_DATA_DIR": str(tmp_path / a.name),
-                                                 "TRAINYARD_NODE_ADDR": a.addr})
-            job = api.submit(slow_job(epochs=EPOCHS))
-            api.wait_until(lambda: api.job(job["id"])["state"] == "running", 60, "host A to take the job")
-            net.start_worker(api, b, {**on_bridge, "TRAINYARD_DATA_DIR": str(tmp_path / b.name),
-                                      "TRAINYARD_NODE_ADDR": b.addr})
-            # Each host's worker advertises the address the others reach it at.
-            assert {(w["host"], w["addr"]) for w in api.client().get("/workers").json()} == \
-                {(a.name, a.addr), (b.name, b.addr)}
-            wait_checkpoint(api, job["id"], 2)
-            pids = job_pids(api, job["id"])
-            assert pids and pids[0] in a.pids(), (pids, a.pids())
-            assert api.job(job["id"])["state"] == "running"
-
-            a.cut()
-            cut_at = time.monotonic()
-            api.wait_until(lambda: not any(alive(p) for p in pids), LEASE_S + 2, "host A's job process to stop")
-            stopped_in = time.monotonic() - cut_at
-            assert worker_a.poll() is None  # the worker itself waits for its network to come back
-
-            done = api.wait_state(job["id"], timeout=240)
-            assert done["state"] == "succeeded" and done["runs"] == 2, done
-            assert b.name in done["worker_id"], done["worker_id"]
-            assert done["result"]["resumed_from_epoch"] is not None and done["result"]["resumed_from_epoch"] >= 2
-            assert [m["epoch"] for m in metrics(api, job["id"])] == list(range(1, EPOCHS + 1))
-            assert stopped_in <= LEASE_S + 2
-
-            # Host A back on the network: its worker finds the job is no longer its own and serves on.
-            a.mend()
-            api.wait_until(lambda: any(w["pid"] == worker_a.pid and w["state"] == "idle"
-                                       for w in api.client().get("/workers").json()), 90, "host A's worker idle again")
-            assert worker_a.poll() is None
-        finally:
-            api.stop()
-
-
-RANK = """
-import os, sys, torch, torch.distributed as dist
-from pathlib import Path
-from trainyard.worker import distributed
-rank, master = int(sys.argv[1]), sys.argv[2]
-world = distributed.World(rank, 2)
-distributed.init(world, torch.device("cpu"), Path("unused"), master, rendezvous_s=30)
-t = torch.tensor([float(rank + 1)])
-dist.all_reduce(t)
-print(f"rank {rank}: {t.item():g}", flush=True)
-os._exit(0)  # as a job process ends: gloo's teardown racing the other host's exit may abort a finished rank
-"""
-
-
-def test_ranks_on_two_hosts_meet_at_rank_0s_address_and_all_reduce():
-    with hosts(2) as net:
-        a, b = net.hosts
-        master = f"{a.addr}:{free_port()}"
-        env = {"GLOO_SOCKET_IFNAME": "eth0", "PYTHONPATH": str(ROOT)}  # each host's one link to the other
-        procs = [subprocess.Popen(h.argv("env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-c", RANK,
-                                         str(rank), master), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True) for rank, h in enumerate((a, b))]
-        outs = [p.communicate(timeout=120) for p in procs]
-        assert [p.returncode for p in procs] == [0, 0], outs
-        assert [o.strip() for o, _ in outs] == ["rank 0: 3", "rank 1: 3"]
-
-
-# -- one job across hosts -------------------------------------------------------------------------
-
-
 @dataclass
 class Fleet:
     """A server on this machine and CPU workers in hosts of their own, sharing PostgreSQL and a bucket."""
@@ -158,6 +79,8 @@ def fleet(tmp_path, bucket, count: int) -> Iterator[Fleet]:
                                                      "TRAINYARD_NODE_NAME": "api"})
         try:
             api.start_server()
+            # What a host is told: the database and the bucket at the bridge's address (Fleet.start: a data
+            # dir of its own, its address).
             yield Fleet(net, api, {"TRAINYARD_DATABASE_URL": db_url.replace("127.0.0.1:5432", pg),
                                    "AWS_ENDPOINT_URL_S3": f"http://{s3}"}, tmp_path)
         finally:
@@ -193,6 +116,69 @@ def gone_within(f: Fleet, host_list, seconds: float, since: float, pids: set[int
     f.api.wait_until(lambda: not left(), seconds - (time.monotonic() - since),
                      "every job process on " + ", ".join(h.name for h in host_list) + " to end")
     return time.monotonic() - since
+
+
+@pytest.mark.postgres
+def test_a_host_cut_off_stops_its_job_within_the_lease_and_the_job_resumes_on_another_host(tmp_path, bucket):
+    with fleet(tmp_path, bucket, 2) as f:
+        api, (a, b) = f.api, f.net.hosts
+        worker_a = f.start(a)
+        job = api.submit(slow_job(epochs=EPOCHS))
+        api.wait_until(lambda: api.job(job["id"])["state"] == "running", 60, "host A to take the job")
+        f.start(b)
+        # Each host's worker advertises the address the others reach it at.
+        assert {(w["host"], w["addr"]) for w in api.client().get("/workers").json()} == \
+            {(a.name, a.addr), (b.name, b.addr)}
+        wait_checkpoint(api, job["id"], 2)
+        pids = job_pids(api, job["id"])
+        assert pids and pids[0] in a.pids(), (pids, a.pids())
+        assert api.job(job["id"])["state"] == "running"
+
+        a.cut()
+        cut_at = time.monotonic()
+        api.wait_until(lambda: not any(alive(p) for p in pids), LEASE_S + 2, "host A's job process to stop")
+        stopped_in = time.monotonic() - cut_at
+        assert worker_a.poll() is None  # the worker itself waits for its network to come back
+
+        done = api.wait_state(job["id"], timeout=240)
+        assert done["state"] == "succeeded" and done["runs"] == 2, done
+        assert b.name in done["worker_id"], done["worker_id"]
+        assert done["result"]["resumed_from_epoch"] is not None and done["result"]["resumed_from_epoch"] >= 2
+        assert [m["epoch"] for m in metrics(api, job["id"])] == list(range(1, EPOCHS + 1))
+        assert stopped_in <= LEASE_S + 2
+
+        # Host A back on the network: its worker finds the job is no longer its own and serves on.
+        a.mend()
+        api.wait_until(lambda: any(w["pid"] == worker_a.pid and w["state"] == "idle"
+                                   for w in api.client().get("/workers").json()), 90, "host A's worker idle again")
+        assert worker_a.poll() is None
+
+
+RANK = """
+import os, sys, torch, torch.distributed as dist
+from pathlib import Path
+from trainyard.worker import distributed
+rank, master = int(sys.argv[1]), sys.argv[2]
+world = distributed.World(rank, 2)
+distributed.init(world, torch.device("cpu"), Path("unused"), master, rendezvous_s=30)
+t = torch.tensor([float(rank + 1)])
+dist.all_reduce(t)
+print(f"rank {rank}: {t.item():g}", flush=True)
+os._exit(0)  # as a job process ends: gloo's teardown racing the other host's exit may abort a finished rank
+"""
+
+
+def test_ranks_on_two_hosts_meet_at_rank_0s_address_and_all_reduce():
+    with hosts(2) as net:
+        a, b = net.hosts
+        master = f"{a.addr}:{free_port()}"
+        env = {"GLOO_SOCKET_IFNAME": "eth0", "PYTHONPATH": str(ROOT)}  # each host's one link to the other
+        procs = [subprocess.Popen(h.argv("env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-c", RANK,
+                                         str(rank), master), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for rank, h in enumerate((a, b))]
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outs
+        assert [o.strip() for o, _ in outs] == ["rank 0: 3", "rank 1: 3"]
 
 
 GIVE_UP = """

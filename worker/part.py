@@ -24,7 +24,7 @@ from trainyard.app.records import Job
 from trainyard.app.states import Failure, error_record
 from trainyard.worker import launch
 from trainyard.worker.job_run import JobRun
-from trainyard.worker.supervise import FENCE_CHECK_S, LeaseWatch
+from trainyard.worker.supervise import FENCE_CHECK_S, LeaseWatch, watched
 
 log = logging.getLogger("trainyard.worker")
 
@@ -52,13 +52,7 @@ def run_part(worker: launch.Launcher, job: Job) -> None:
     run.log(f"ranks {', '.join(map(str, plan.local_ranks))} of job {job.id} (run {job.claim}) on {worker.id} "
             f"({worker.device}); they meet rank 0 at {plan.master}; job process pid {run.proc.pid}")
     log.info("job %s: running its ranks %s on this host", job.id, plan.local_ranks)
-    lease = LeaseWatch(run, settings.lease_s) if settings.db_url.startswith("postgresql") else None
-    try:
-        _supervise_part(run, lease)
-    finally:
-        if lease is not None:
-            lease.close()
-    run.proc.join(timeout=5)
+    watched(run, _supervise_part)
     run.end_processes()
     run.conn.close()
     run.sum_up()

@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from trainyard.app import preemption, queue, spread
@@ -22,8 +23,8 @@ log = logging.getLogger("trainyard.worker")
 
 # How often a running job's row is re-read: a cancel must stop the job process within 2 seconds.
 FENCE_CHECK_S = 0.25
-# How often rank 0's worker looks for the other hosts of a job across hosts: a host silent for a lease ends the
-# run then, so a second more is within the lease + 2 s every rank stops in (spread.lost_hosts).
+# How often rank 0's worker looks for the other hosts of a job across hosts (spread.lost_hosts), at most: a host
+# silent for a lease ends the run then, so a sixth of a lease more keeps every rank's end within the lease + 2 s.
 HOSTS_CHECK_S = 1.0
 PROGRESS = ("epoch", "checkpoint", "total")
 # While a job's events flow, its pipe is read at most this often: a job finishing a thousand epochs
@@ -79,12 +80,17 @@ class LeaseWatch:
 
 def supervise(run: JobRun) -> None:
     """Watch the job process until its end is recorded, it is lost, or it exits."""
+    watched(run, _supervise)
+
+
+def watched(run: JobRun, loop: Callable[[JobRun, LeaseWatch | None], None]) -> None:
+    """Run a supervisor's loop over the job process under a LeaseWatch, then reap the process. SQLite is on this
+    host: a call waiting on it waits for a lock, which no other process can use to take the job meanwhile, so
+    it gets no watch. A database on the network can be lost with the network."""
     settings = run.worker.settings
-    # SQLite is on this host: a call waiting on it waits for a lock, which no other process can use to take
-    # the job meanwhile. A database on the network can be lost with the network.
     lease = LeaseWatch(run, settings.lease_s) if settings.db_url.startswith("postgresql") else None
     try:
-        _supervise(run, lease)
+        loop(run, lease)
     finally:
         if lease is not None:
             lease.close()
@@ -117,7 +123,7 @@ def _supervise(run: JobRun, lease: LeaseWatch | None) -> None:
                 run.lost()
                 break
             if run.plan.master and now >= next_hosts_check:
-                next_hosts_check = now + HOSTS_CHECK_S
+                next_hosts_check = now + min(HOSTS_CHECK_S, settings.lease_s / 6)
                 if lost_host(run):
                     break
             if fenced == "preempt" and run.stop_reason is None:  # its device goes to a job of higher priority
@@ -141,7 +147,7 @@ def lost_host(run: JobRun) -> bool:
     lost = run.worker.db(spread.lost_hosts, run.job, lease_s)
     if not lost:
         return False
-    run.stop_now()
+    run.kill()  # no SIGTERM first: a checkpoint needs every rank, and the lost host's are gone
     run.fail(error_record(Failure.INFRASTRUCTURE, "HostLost", f"host {lost[0]} stopped heartbeating for "
                           f"{lease_s:g} s: its ranks of the job are lost"))
     return True
