@@ -279,9 +279,12 @@ def test_a_lost_host_ends_the_run_on_every_host_within_the_lease_and_the_job_res
         assert done["result"]["resumed_from_epoch"] >= 2
         assert [m["epoch"] for m in metrics(f.api, job["id"])] == list(range(1, EPOCHS + 1))
         assert took <= LEASE_S + 2
-        if loss == "link_down":
-            assert f.workers[second.name][0].poll() is None  # the worker waits for its network
+        if loss == "link_down":  # back on the network, the cut host's worker serves on
+            worker = f.workers[second.name][0]
             second.mend()
+            f.api.wait_until(lambda: any(w["pid"] == worker.pid and w["state"] == "idle"
+                                         for w in f.api.client().get("/workers").json()), 90, "the cut host's worker")
+            assert worker.poll() is None
 
 
 @pytest.mark.postgres

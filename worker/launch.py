@@ -58,8 +58,7 @@ def run_job(worker: Launcher, job: Job) -> None:
         run.stop_now()
     run.end_processes()
     run.conn.close()
-    if plan.scratch_dir is not None:
-        shutil.rmtree(settings.layout.scratch(job.id), ignore_errors=True)
+    remove_scratch(settings, plan)
     run.sum_up()
     run.publish_log()  # with the lines written after the job's end was recorded
     if run.outcome == "lost" and worker.db(deletion.gone, job.id):  # deleted under us: what the run left goes too
@@ -69,11 +68,22 @@ def run_job(worker: Launcher, job: Job) -> None:
             settings.store.delete_prefix(settings.layout.rel(settings.layout.checkpoints(job.id)))
         except Exception as exc:
             log.warning("job %s: could not delete its checkpoints: %s", job.id, exc)
-    if settings.store.remote:  # what the run fetched and wrote stays here as a copy: keep the copies to their cap
+    evict_copies(settings, job.id)
+
+
+def remove_scratch(settings: Settings, plan: JobPlan) -> None:
+    """A run job's ctx.data_dir goes with its run (worker/prepare.py made it)."""
+    if plan.scratch_dir is not None:
+        shutil.rmtree(settings.layout.scratch(plan.job.id), ignore_errors=True)
+
+
+def evict_copies(settings: Settings, job_id: int) -> None:
+    """What a run fetched and wrote stays on this host as a copy of the bucket's: keep the copies to their cap."""
+    if settings.store.remote:
         try:
             host_cache.evict(settings.store, settings.cache_bytes, settings.collect_grace_s)
         except Exception as exc:
-            log.warning("job %s: this host's copies of bucket objects not evicted: %s", job.id, exc)
+            log.warning("job %s: this host's copies of bucket objects not evicted: %s", job_id, exc)
 
 
 def start(worker: Launcher, plan: JobPlan, log_path: Path, publish: bool = True) -> JobRun:

@@ -19,6 +19,8 @@ import socket
 import time
 from contextlib import closing
 
+from sqlalchemy.exc import OperationalError
+
 from trainyard.app import queue
 from trainyard.app.records import Job
 from trainyard.app.states import Failure, error_record
@@ -52,10 +54,16 @@ def run_part(worker: launch.Launcher, job: Job) -> None:
     run.log(f"ranks {', '.join(map(str, plan.local_ranks))} of job {job.id} (run {job.claim}) on {worker.id} "
             f"({worker.device}); they meet rank 0 at {plan.master}; job process pid {run.proc.pid}")
     log.info("job %s: running its ranks %s on this host", job.id, plan.local_ranks)
-    watched(run, _supervise_part)
+    try:
+        watched(run, _supervise_part)
+    except OperationalError:  # the database gone for longer than its retries: stop the ranks, serve on
+        log.exception("database unreachable while running ranks of job %s; stopping them", job.id)
+        run.stop_now()
     run.end_processes()
     run.conn.close()
+    launch.remove_scratch(settings, plan)
     run.sum_up()
+    launch.evict_copies(settings, job.id)
 
 
 def _supervise_part(run: JobRun, lease: LeaseWatch | None) -> None:
