@@ -29,6 +29,7 @@ from bench.netns import Host, Network, hosts, unavailable
 from tests.conftest import slow_job, tiny_job
 from tests.service import FAST_ENV, ROOT, Service, free_port, probe_plugin, run_job
 from tests.test_reliability import alive, job_pids, metrics, wait_checkpoint
+from trainyard.worker import reaper
 
 why_not = unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(why_not is not None, reason=str(why_not))]
@@ -59,15 +60,7 @@ class Fleet:
         """The host's processes other than its workers and their own helpers (the fork server, the resource
         tracker): what jobs started there."""
         ours = {w.pid for w in self.workers.get(host.name, [])}
-        return {p for p in host.pids() if p not in ours and parent(p) not in ours}
-
-
-def parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (FileNotFoundError, IndexError, ValueError):
-        return None
+        return {p for p in host.pids() if p not in ours and reaper.parent_of(p) not in ours}
 
 
 @contextmanager

@@ -109,16 +109,22 @@ class JobRun:
 
     # -- stopping ---------------------------------------------------------------------------------
 
-    def check_stops(self, now: float) -> None:
-        """Begin a stop the worker's shutdown or the job's timeout asks for; SIGKILL once its grace is up."""
+    def check_stops(self, now: float, timeout: bool = True) -> None:
+        """Begin a stop the worker's shutdown or the job's timeout asks for; SIGKILL once its grace is up.
+        timeout False: another worker holds the job to its timeout (rank 0's, for a job across hosts)."""
         if self.worker.stopping and self.stop_reason is None:
             self.worker.mark_stopping(self.job.id)
             self.begin_stop("shutdown", self.worker.settings.grace_s)
-        timeout = self.job.timeout_s
-        if timeout and now - self.started > timeout and self.stop_reason is None:
+        limit = self.job.timeout_s if timeout else None
+        if limit and now - self.started > limit and self.stop_reason is None:
             self.begin_stop("timeout", KILL_GRACE_S)
         if self.stop_deadline is not None and now > self.stop_deadline:
             self.kill()
+
+    def check_memory(self) -> None:
+        """SIGKILL the job process once it has grown past its host-memory budget (child_died then fails it oom)."""
+        if self.watch is not None and self.watch.over() and self.stop_reason != "memory":
+            self.begin_stop("memory", 0)
 
     def begin_stop(self, reason: str, grace: float) -> None:
         """SIGTERM now (the job checkpoints at its next step), SIGKILL after grace; memory: SIGKILL now."""

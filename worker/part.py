@@ -67,7 +67,7 @@ def run_part(worker: launch.Launcher, job: Job) -> None:
 
 
 def _supervise_part(run: JobRun, lease: LeaseWatch | None) -> None:
-    settings, node = run.worker.settings, run.worker.settings.node
+    node = run.worker.settings.node
     next_fence = time.monotonic()
     while True:
         _handle(run, node)
@@ -86,15 +86,11 @@ def _supervise_part(run: JobRun, lease: LeaseWatch | None) -> None:
                                       "without reporting"))
             return
         now = time.monotonic()
-        if run.worker.stopping and run.stop_reason is None:  # the ranks vote to stop; rank 0 checkpoints
-            run.worker.mark_stopping(run.job.id)
-            run.begin_stop("shutdown", settings.grace_s)
-        if run.stop_deadline is not None and now > run.stop_deadline:
-            run.kill()
+        # A shutdown: the ranks vote to stop and rank 0 checkpoints. The timeout is rank 0's worker's to keep.
+        run.check_stops(now, timeout=False)
         if now >= next_fence:
             next_fence = now + FENCE_CHECK_S
-            if run.watch is not None and run.watch.over() and run.stop_reason != "memory":
-                run.begin_stop("memory", 0)
+            run.check_memory()
             if not run.worker.db(queue.still_ours, run.job.id, run.job.claim):
                 return run.lost("ended, or taken over, by rank 0's worker")
             if lease is not None:

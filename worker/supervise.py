@@ -116,8 +116,7 @@ def _supervise(run: JobRun, lease: LeaseWatch | None) -> None:
         run.check_stops(now)
         if now >= next_fence:
             next_fence = now + FENCE_CHECK_S
-            if run.watch is not None and run.watch.over() and run.stop_reason != "memory":
-                run.begin_stop("memory", 0)
+            run.check_memory()
             fenced = run.db(preemption.fence)
             if fenced == "lost":
                 run.lost()
