@@ -7,7 +7,7 @@ every rank. A rank that fails sends its error to rank 0 and exits; rank 0's watc
 error as the job's and ends the job process, so no rank waits on a collective that cannot finish.
 The ranks meet through a file store beside the run's checkpoints, or, given rank 0's address
 (`master`, for ranks on several hosts), through torch's own TCPStore there; NCCL on CUDA and gloo on
-the CPU (plus a gloo group for the per-step stop vote, so that vote never waits for the GPU), over the
+the CPU (plus a gloo group for the stop vote, worker/stop_vote.py, so that vote never waits for the GPU), over the
 interface NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name where set. Only rank 0 reports, checkpoints and
 writes the artifact.
 """
@@ -236,29 +236,6 @@ def any_true(flag: bool, world: World) -> bool:
     t = torch.tensor([1 if flag else 0], dtype=torch.int32)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=world.control)
     return bool(t.item())
-
-
-class StopVote:
-    """The training loop's stop vote, one per step, without a wait per step: each step starts a vote
-    on this step's flag and reads the one it started a step earlier (done by then, in the background).
-    Every rank reads the same results in the same order, so all stop at one step, a step after rank 0
-    was asked."""
-
-    def __init__(self, world: World):
-        self.world = world
-        self.pending: tuple[Any, torch.Tensor] | None = None
-
-    def __call__(self, flag: bool) -> bool:
-        if self.world.size == 1:
-            return flag
-        decided = False
-        if self.pending is not None:
-            work, result = self.pending
-            work.wait()
-            decided = bool(result.item())
-        mine = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        self.pending = (dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self.world.control, async_op=True), mine)
-        return decided
 
 
 def total(values: torch.Tensor, world: World) -> torch.Tensor:

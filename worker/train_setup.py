@@ -14,6 +14,7 @@ from trainyard.app.spec import TrainJob, TrainParams
 from trainyard.worker import augment, data, distributed, nets, schedule, starting, torch_devices, train_threads
 from trainyard.worker.distributed import World
 from trainyard.worker.job_context import JobContext
+from trainyard.worker.stop_vote import StopVote
 from trainyard.worker.train_watch import Watch
 
 
@@ -34,7 +35,7 @@ class Run:
     num_outputs: int
     parameters: int
     world: World
-    stop_vote: distributed.StopVote  # every rank stops at the same step (one device: the flag itself)
+    stop_vote: StopVote  # every rank stops at the same step (one device: the flag itself)
     scheduler: torch.optim.lr_scheduler.LRScheduler | None
     watch: Watch
     # The epoch's pre-clip gradient norms, summed on the device (read once per epoch); None: not clipping.
@@ -137,7 +138,7 @@ def build(spec: TrainJob, ctx: JobContext) -> Run:
               # Batch order has its own CPU generator, independent of dropout.
               shuffle=torch.Generator().manual_seed(p.seed), applied=applied, channels_last=channels_last,
               num_outputs=spec.model.num_classes or len(d.class_names), parameters=nets.count_parameters(model),
-              world=world, stop_vote=distributed.StopVote(world), scheduler=None, watch=Watch(p),
+              world=world, stop_vote=StopVote(world), scheduler=None, watch=Watch(p),
               grad_norms=torch.zeros(2, device=device) if p.grad_clip_norm else None,
               augment=augment.BatchAugment(p.augment, p.seed, d.input_shape, world.rank) if p.augment else None,
               ddp=ddp, host_batches=d.x_train.device != device)
