@@ -37,8 +37,9 @@ JOB: dict[str, Any] = {"kind": "train", "name": "bench-ddp", "model": {"arch": "
        "train": {"epochs": 4, "optimizer": "sgd", "lr": 0.01, "momentum": 0.9}}
 
 
-def service_rate(svc: Service, devices: int, kind: str, per_rank: int, hosts: int = 1) -> float:
-    train = {**JOB["train"], "batch_size": per_rank * (2 if devices == 1 else 1)}
+def service_rate(svc: Service, devices: int, kind: str, per_rank: int, hosts: int = 1, epochs: int = 0) -> float:
+    train = {**JOB["train"], "batch_size": per_rank * (2 if devices == 1 else 1),
+             "epochs": epochs or JOB["train"]["epochs"]}
     job = svc.wait_state(svc.submit({**JOB, "train": train, "devices": devices, "hosts": hosts, "device": kind})["id"],
                          timeout=1800, poll=1.0)
     assert job["state"] == JobState.SUCCEEDED, job
@@ -51,14 +52,14 @@ def service_rate(svc: Service, devices: int, kind: str, per_rank: int, hosts: in
 # -- the hand-written loop ------------------------------------------------------------------------
 
 def _rank(rank: int, world: int, init_method: str, data_dir: str, device_kind: str, per_rank: int, out,
-          threads: int = 1) -> None:
+          threads: int = 1, epochs: int = 0) -> None:
     import torch.distributed as dist
     from torch import nn
 
     from trainyard.app.spec import TrainJob, parse_spec
     from trainyard.worker import data, nets
 
-    spec = parse_spec({**JOB, "device": "cpu"})
+    spec = parse_spec({**JOB, "device": "cpu", "train": {**JOB["train"], "epochs": epochs or JOB["train"]["epochs"]}})
     assert isinstance(spec, TrainJob)
     device = torch.device(f"cuda:{rank}" if device_kind == "cuda" else "cpu")
     if device.type == "cpu":
@@ -116,10 +117,10 @@ class _Printed:
         print(json.dumps({"rate": rate(res["seconds"], res["samples"])}), flush=True)
 
 
-def torchrun_rank(data_dir: str, per_rank: int, threads: int) -> None:
+def torchrun_rank(data_dir: str, per_rank: int, threads: int, epochs: int = 0) -> None:
     """One rank of the hand-written loop as torchrun starts it (RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
     _rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://", data_dir, "cpu", per_rank, _Printed(),
-          threads)
+          threads, epochs)
     # No interpreter teardown, as a job process ends (worker/runner.py): gloo's destructors racing the other
     # host's exit sometimes abort a rank that had finished.
     sys.stdout.flush()
@@ -134,10 +135,11 @@ def main() -> None:
     ap.add_argument("--hand-written", dest="hand", help=argparse.SUPPRESS)  # internal: one run of the loop
     ap.add_argument("--torchrun", help=argparse.SUPPRESS)  # internal: a rank under torchrun (bench/hosts.py)
     ap.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--epochs", type=int, default=0, help=argparse.SUPPRESS)  # with --torchrun: instead of JOB's
     args = ap.parse_args()
     sizes = [int(b) for b in args.per_rank.split(",")]
     if args.torchrun:
-        torchrun_rank(args.torchrun, sizes[0], args.threads)
+        torchrun_rank(args.torchrun, sizes[0], args.threads, args.epochs)
         return
     if args.hand:
         print(json.dumps({"rate": hand_written(Path(args.hand), args.device, sizes[0])}))

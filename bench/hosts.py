@@ -38,12 +38,12 @@ def cores_of(i: int) -> str:
     return ",".join(map(str, cores[i * half:(i + 1) * half] or cores[:half]))
 
 
-def torchrun_rate(net: netns.Network, data: Path, per_rank: int, tries: int = 3) -> float:
+def torchrun_rate(net: netns.Network, data: Path, per_rank: int, epochs: int, tries: int = 3) -> float:
     """The hand-written loop under torchrun on both hosts; a run whose rendezvous failed (its port taken since it
     was found free, say) is run again, saying why."""
     for left in range(tries - 1, -1, -1):
         try:
-            return _torchrun_once(net, data, per_rank)
+            return _torchrun_once(net, data, per_rank, epochs)
         except RuntimeError as exc:
             if not left:
                 raise
@@ -51,7 +51,7 @@ def torchrun_rate(net: netns.Network, data: Path, per_rank: int, tries: int = 3)
     raise AssertionError("unreachable")
 
 
-def _torchrun_once(net: netns.Network, data: Path, per_rank: int) -> float:
+def _torchrun_once(net: netns.Network, data: Path, per_rank: int, epochs: int) -> float:
     a = net.hosts[0]
     port = free_port()
     def argv(i: int, h: netns.Host) -> list[str]:
@@ -59,7 +59,7 @@ def _torchrun_once(net: netns.Network, data: Path, per_rank: int) -> float:
                       sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
                       "--node-rank", str(i), "--master-addr", a.addr, "--master-port", str(port),
                       "-m", "bench.ddp", "--torchrun", str(data / h.name), "--per-rank", str(per_rank),
-                      "--threads", str(len(cores_of(i).split(","))))
+                      "--threads", str(len(cores_of(i).split(","))), "--epochs", str(epochs))
 
     with tempfile.TemporaryFile("w+") as out0, tempfile.TemporaryFile("w+") as errs:
         procs = [subprocess.Popen(argv(i, h), cwd=ROOT, stdout=out0 if i == 0 else subprocess.DEVNULL, stderr=errs,
@@ -86,6 +86,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--per-rank", default="32,128", help="per-rank batch sizes, comma-separated")
+    # At 32 images a rank an epoch takes 0.3 s here: 3 timed epochs (the first is dropped) were a window so
+    # short that one hiccup of the machine moved a round's ratio by 10-20%.
+    ap.add_argument("--epochs", type=int, default=12, help="epochs a run (the first is not timed)")
     args = ap.parse_args()
     why = netns.unavailable()
     if why:
@@ -101,15 +104,16 @@ def main() -> None:
                 svc.start_worker("cpu", wrap=h.argv("taskset", "-c", cores_of(i)), env={
                     "TRAINYARD_NODE_NAME": h.name, "TRAINYARD_DATABASE_URL": db_url.replace("127.0.0.1:5432", pg),
                     "TRAINYARD_DATA_DIR": str(tmp / h.name), "TRAINYARD_NODE_ADDR": h.addr})
-            runners = {"service, 2 hosts": lambda b: service_rate(svc, 2, "cpu", b, hosts=2),
-                       "torchrun, 2 hosts": lambda b: torchrun_rate(net, tmp / "torchrun", b)}
+            runners = {"service, 2 hosts": lambda b: service_rate(svc, 2, "cpu", b, hosts=2, epochs=args.epochs),
+                       "torchrun, 2 hosts": lambda b: torchrun_rate(net, tmp / "torchrun", b, args.epochs)}
             service_rate(svc, 2, "cpu", sizes[0], hosts=2)  # each host decodes the dataset once, before any timing
             results = alternating_rounds(runners, sizes, args.rounds, width=20)
         finally:
             svc.stop()
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"\n{os.cpu_count()} cores, {threads} a host (taskset), torch {torch.__version__}, cpu, "
-          f"{datetime.date.today()}, cifar_net on FakeData {JOB['data']['size']} images (80% train), median of "
+          f"{datetime.date.today()}, cifar_net on FakeData {JOB['data']['size']} images (80% train), {args.epochs} "
+          f"epochs a run, median of "
           f"{args.rounds} alternating rounds\n")
     # Rounds on a shared machine are noisy: each round's ratio (its two runs back to back) and their median.
     print("| per-rank batch b | run | samples/s | service / this | rounds' ratios (median) |\n|---:|---|---:|---:|---|")

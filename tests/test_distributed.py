@@ -294,7 +294,10 @@ def test_accumulation_all_reduces_once_per_optimizer_step(tmp_path):
 def test_ranks_across_hosts_use_the_interface_that_holds_their_hosts_address(monkeypatch):
     assert distributed.interface_of("127.0.0.1") == "lo"
     assert distributed.interface_of("192.0.2.1") is None and distributed.interface_of("box.example") is None
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    # setenv first, so that monkeypatch restores its absence: use_interface sets it in this very process, and
+    # left set it would reach every later test's processes (a job across namespaces then binds to loopback).
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "")
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")  # set by hand: kept
     distributed.use_interface("127.0.0.1")
     assert os.environ["GLOO_SOCKET_IFNAME"] == "lo" and os.environ["NCCL_SOCKET_IFNAME"] == "ib0"

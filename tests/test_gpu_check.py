@@ -1,6 +1,7 @@
 """`trainyard gpu-check` (`make gpu-check`): one table and one exit status, whatever happens; the Python
 `make` builds with; and the benchmark clocks it reports, which stop only once the GPU has done the work."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,9 +38,9 @@ def test_without_cuda_it_exits_2_with_a_table_that_says_why():
     assert r.returncode == 2, r.stdout + r.stderr
     table = rows(r.stdout)
     assert table.pop("probe: torch and CUDA")[0] == "passed"
-    assert len(table) == len(gpu_check.CHECKS) == 5
+    assert len(table) == len(gpu_check.CHECKS) == 6
     assert all(status == "skipped" and "no CUDA device here" in why for status, why in table.values()), table
-    assert "| torch | " in r.stdout and "0 of 5 checks run" in r.stdout
+    assert "| torch | " in r.stdout and "0 of 6 checks run" in r.stdout
     assert "exit status 2: nothing could run" in r.stdout
 
 
@@ -82,6 +83,26 @@ def test_the_checks_run_here_on_the_cpu():
     assert status == "passed" and why.startswith("2 ranks on cpu, cpu: ") and "1 device: " in why, why
     assert table["throughput on cpu (bench.train_throughput --quick)"] == ("skipped", "not asked for (--only)")
     assert "exit status 0" in r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="making network namespaces as hosts needs root")
+def test_the_two_host_check_runs_here_on_the_cpu_and_leaves_no_host_behind():
+    """Two network namespaces as hosts, one CPU worker in each, the job's ranks meeting across them (gloo in place
+    of NCCL): the same weights as the same 2 ranks on one host, within float rounding, and every namespace gone
+    afterwards."""
+    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    r = gpu_check_run("--device", "cpu", "--only", "hosts")
+    assert r.returncode == 0, r.stdout + r.stderr
+    status, why = rows(r.stdout)["a 2-host job (network namespaces, one device each) vs the same 2 ranks on one host"]
+    assert status == "passed", why
+    hosts = re.match(r"ranks on cpu@([^,\s]+), cpu@([^,\s]+): ", why)
+    assert hosts and hosts[1] != hosts[2], why
+    # The same steps: only float rounding apart (a rank alone on a host gets both cores' threads, so its
+    # reductions add in another order).
+    apart = re.search(r"weights apart by (\S+) of their largest", why)
+    assert apart and float(apart[1]) < 1e-5, why
+    assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == before
 
 
 def test_the_cuda_tests_check_keeps_pytests_whole_report_in_its_folder(tmp_path, monkeypatch):

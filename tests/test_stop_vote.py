@@ -5,6 +5,7 @@ import multiprocessing as mp
 import time
 from datetime import timedelta
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -24,8 +25,9 @@ def _rank(rank: int, store_path: str, every_s: float, sleeps: tuple[float, float
         nonlocal votes
         votes += 1
         return real(*args, **kwargs)
-    stop_vote.dist.all_reduce = counted  # type: ignore[assignment]
-    vote = stop_vote.StopVote(SimpleNamespace(size=2, rank=rank, control=dist.group.WORLD), every_s=every_s)
+    stop_vote.dist.all_reduce = counted
+    world: Any = SimpleNamespace(size=2, rank=rank, control=dist.group.WORLD)  # what the vote reads of a World
+    vote = stop_vote.StopVote(world, every_s=every_s)
     asked_at = None
     for call in range(CALLS):
         if call == stop_at:
@@ -81,5 +83,6 @@ def test_ranks_at_different_paces_agree_and_a_stop_lands_within_about_two_votes(
 
 def test_one_rank_is_its_own_flag():
     from trainyard.worker.stop_vote import StopVote
-    vote = StopVote(SimpleNamespace(size=1, rank=0, control=None))
+    world: Any = SimpleNamespace(size=1, rank=0, control=None)
+    vote = StopVote(world)
     assert vote(False) is False and vote(True) is True

@@ -70,7 +70,7 @@ def _supervise_part(run: JobRun, lease: LeaseWatch | None) -> None:
     node = run.worker.settings.node
     next_fence = time.monotonic()
     while True:
-        _handle(run, node)
+        _handle(run, node, wait=max(0.0, next_fence - time.monotonic()))  # events wake it; else the next check
         if run.outcome is not None:
             return
         if lease is not None and lease.lapsed:
@@ -98,11 +98,12 @@ def _supervise_part(run: JobRun, lease: LeaseWatch | None) -> None:
             run.worker.housekeeping(state="busy", job_id=run.job.id)
 
 
-def _handle(run: JobRun, node: str) -> None:
-    """This host's ranks' events: their log lines; an error (recorded as the job's failure); their end."""
+def _handle(run: JobRun, node: str, wait: float = 0.0) -> None:
+    """This host's ranks' events (waiting up to `wait` s for the first): their log lines; an error (recorded as
+    the job's failure); their end."""
     events: list[dict] = []
     try:
-        if run.out.wait(run.conn, 0.05):
+        if run.out.wait(run.conn, wait):
             while len(events) < 1000 and run.conn.poll(0):
                 events.append(run.conn.recv())
     except (EOFError, OSError):

@@ -101,7 +101,9 @@ def _supervise(run: JobRun, lease: LeaseWatch | None) -> None:
     settings = run.worker.settings
     next_fence = next_renew = next_hosts_check = time.monotonic()
     while True:
-        drain(run, wait=0.05)
+        # Events wake the loop at once; between them it sleeps until its next check is due, not at a fixed
+        # 20 Hz: on a host whose cores all run ranks, each idle wake-up of the worker pre-empts one of them.
+        drain(run, wait=max(0.0, min(next_fence, next_renew) - time.monotonic()))
         if run.outcome is not None:
             break
         if lease is not None and lease.lapsed:

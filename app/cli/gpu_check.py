@@ -7,6 +7,8 @@ From a checkout (`make gpu-check`) or in the image (`docker run --gpus all IMAGE
 - service: a training and then a predict job through the real service (server + a cuda:0 worker);
 - per-gpu: with two or more GPUs, one job per GPU at once, /devices showing each GPU (by UUID) with its worker;
 - ddp: with two or more GPUs, a 2-device job (DDP over NCCL) against the same job on one GPU;
+- hosts: with two or more GPUs (and root), a job across two hosts, network namespaces with a GPU each and
+  NCCL between them over its network transport, against the same 2 ranks on one host;
 - throughput: bench.train_throughput --quick on cuda:0 against the hand-written loops.
 
 Each check runs as a process of its own, in a session of its own, under a time limit: when the limit
@@ -29,7 +31,8 @@ from pathlib import Path
 
 # Each check's time limit in seconds (`--timeout` sets one for all but the probe). The probe's covers a
 # cold CUDA initialisation of every GPU; the tests' covers compiling on the device.
-LIMITS = {"probe": 180, "cuda-tests": 1200, "service": 600, "per-gpu": 600, "ddp": 900, "throughput": 900}
+LIMITS = {"probe": 180, "cuda-tests": 1200, "service": 600, "per-gpu": 600, "ddp": 900, "hosts": 900,
+          "throughput": 900}
 CHECKS = [c for c in LIMITS if c != "probe"]
 GRACE_S = 10  # after SIGTERM to a timed-out check's process group, before SIGKILL
 SHARE = Path("share", "trainyard", "checks")  # under sys.prefix: the image's copy of tests/ and bench/
@@ -83,6 +86,7 @@ def cmd_gpu_check(args) -> int:
             ("per-gpu", "one job per device at once (2 CPU workers)" if args.device == "cpu"
              else f"one job per GPU at once ({n} GPUs)" if n else "one job per GPU at once"),
             ("ddp", "a 2-device job (DDP) vs the same job on one device"),
+            ("hosts", "a 2-host job (network namespaces, one device each) vs the same 2 ranks on one host"),
             ("throughput", f"throughput on {devices[0] if devices else 'cuda:0'} (bench.train_throughput --quick)")]
     for check, name in plan:
         if not ok:
@@ -91,8 +95,10 @@ def cmd_gpu_check(args) -> int:
             rows.append((name, "skipped", f"no CUDA device here ({info.get('why')})"))
         elif check not in only:
             rows.append((name, "skipped", "not asked for (--only)"))
-        elif check in ("per-gpu", "ddp") and n < 2:
+        elif check in ("per-gpu", "ddp", "hosts") and n < 2:
             rows.append((name, "skipped", "one GPU on this host"))
+        elif check == "hosts" and (why := hosts_unavailable()):
+            rows.append((name, "skipped", why))
         elif check in ("cuda-tests", "throughput") and not checks_dir:
             rows.append((name, "FAILED", "no tests/ and bench/ here: run it in a checkout or in the image, or "
                                          "name them with --checks-dir"))
@@ -108,6 +114,13 @@ def cmd_gpu_check(args) -> int:
     code = 1 if any(status == "FAILED" for _, status, _ in rows) else 0 if devices else 2
     print_table(info, rows, checks_dir, code)
     return code
+
+
+def hosts_unavailable() -> str | None:
+    """Why this host cannot stand in for two (network namespaces need root and iproute2's `ip`), or None."""
+    if os.geteuid() != 0:
+        return "needs root, to make network namespaces as hosts"
+    return None if shutil.which("ip") else "needs iproute2's ip, to make network namespaces as hosts"
 
 
 def find_checks_dir() -> Path | None:
@@ -133,8 +146,8 @@ def _argv(check: str, devices: list[str], checks_dir: Path | None, device: str) 
         return [*STEP, "throughput", devices[0]]
     if check == "per-gpu":
         return [*STEP, "service", *(devices if device == "cuda" else ["cpu", "cpu"])]
-    if check == "ddp":
-        return [*STEP, "ddp", *(devices[:2] if device == "cuda" else ["cpu", "cpu"])]
+    if check in ("ddp", "hosts"):
+        return [*STEP, check, *(devices[:2] if device == "cuda" else ["cpu", "cpu"])]
     return [*STEP, "service", devices[0]]
 
 

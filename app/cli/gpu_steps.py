@@ -128,6 +128,51 @@ def two_device_job(*devices: str) -> tuple[bool, str]:
         svc.stop()
 
 
+def two_host_job(*devices: str) -> tuple[bool, str]:
+    """The same 2-rank job on two devices of one host, then over two hosts: network namespaces on a bridge of
+    their own (bench/netns.py), one worker and one device in each, the ranks meeting at rank 0's address;
+    NCCL between them on GPUs (NCCL_HOSTID set apart, so that NCCL talks over its network transport as between
+    machines, not through shared memory), gloo on the CPU. The hosts share the server's SQLite database and
+    data directory, as hosts share PostgreSQL and a bucket. Both must succeed, the second with a rank on each
+    host, and end with the same weights within float tolerance (cuDNN's kernels need not be deterministic)."""
+    from safetensors.torch import load
+
+    from bench import netns
+    svc = Service.isolated(Path(tempfile.mkdtemp(prefix="service-")) / "data")
+    kind = "cpu" if devices[0] == "cpu" else "cuda"
+    half = {**JOB["train"], "batch_size": JOB["train"]["batch_size"] // 2}
+    try:
+        svc.start_server()
+        for d in devices:  # this host's workers: no address, so they never take a part of a job across hosts
+            svc.start_worker(d)
+        one = svc.wait_state(svc.submit(job(kind, devices=2, train=half))["id"], timeout=3600)
+        with netns.hosts(2) as net:
+            for h, d in zip(net.hosts, devices):
+                # eth0: each namespace's one link (bench/netns.py), whatever interface this shell names.
+                net.start_worker(svc, h, {"TRAINYARD_NODE_ADDR": h.addr, "NCCL_HOSTID": h.name, "GLOO_SOCKET_IFNAME":
+                                          "eth0", "NCCL_SOCKET_IFNAME": "eth0"}, device=d)
+            two = svc.wait_state(svc.submit(job(kind, devices=2, hosts=2, train=half))["id"], timeout=3600)
+            names = {h.name for h in net.hosts}
+        for j in (one, two):
+            if j["state"] != JobState.SUCCEEDED:
+                return False, f"job {j['id']} {j['state']}: {j['error']}"
+        hosts = [r.get("host") for r in two["ranks"] or []]
+        if set(hosts) != names:
+            return False, f"the 2-host job's ranks ran on hosts {hosts}, not one on each of {sorted(names)}"
+        with svc.client() as c:
+            w1, w2 = (load(c.get(f"/jobs/{j['id']}/artifact").content) for j in (one, two))
+        scale = max(w.abs().max().item() for w in w1.values())
+        diff = max((w1[k].float() - w2[k].float()).abs().max().item() for k in w1) / scale
+        rate = lambda j: j["result"]["samples_per_s"] or 0.0  # noqa: E731
+        where = ", ".join(f"{r['device']}@{r['host']}" for r in two["ranks"])
+        line = (f"ranks on {where}: "
+                f"{rate(two):,.0f} samples/s; one host: {rate(one):,.0f} samples/s "
+                f"({rate(two) / max(rate(one), 1e-9):.2f}x); weights apart by {diff:.1e} of their largest")
+        return diff <= 1e-2, line if diff <= 1e-2 else f"the weights differ: {line}"
+    finally:
+        svc.stop()
+
+
 def throughput(device: str) -> tuple[bool, str]:
     r = subprocess.run([sys.executable, "-m", "bench.train_throughput", "--quick", "--device", device],
                        capture_output=True, text=True)
@@ -140,7 +185,8 @@ def throughput(device: str) -> tuple[bool, str]:
 
 
 STEPS: dict[str, Callable[..., tuple[bool, str]]] = {
-    "probe": probe, "cuda-tests": cuda_tests, "service": service_job, "ddp": two_device_job, "throughput": throughput}
+    "probe": probe, "cuda-tests": cuda_tests, "service": service_job, "ddp": two_device_job, "hosts": two_host_job,
+    "throughput": throughput}
 
 if __name__ == "__main__":
     try:
