@@ -5,8 +5,9 @@ the same step, or one would wait in a gradient all-reduce the others never join.
 an all-reduce (MAX) of each rank's flag on the job's gloo control group, started in the background
 and read at the next vote, so no step waits for it.
 
-A vote costs every rank a round trip and a few wake-ups of gloo's threads. Voting at every step cost
-a job across two hosts of one core each about 9% at 9 ms a step (bench/hosts.py), so the ranks vote
+A vote costs every rank a round trip and a few wake-ups of gloo's threads. Voting at every step, a job
+across two hosts of one core each (bench/hosts.py, 6 ms a step) woke those threads ~800 times a second
+per rank and had each rank's main thread pre-empted twice as often as under torchrun, so the ranks vote
 about every VOTE_EVERY_S instead: each vote carries each rank's proposal of how many calls to skip
 before the next one (what VOTE_EVERY_S holds at its own pace since the last vote), and every rank
 reads the same smallest proposal from the same vote, so all of them vote, and stop, at the same call.
