@@ -165,3 +165,17 @@ def test_a_device_that_fails_under_a_job_retries_it_on_another_worker(tmp_path):
     done = job_reads.get_job(broken.engine, job.id)
     assert done.state == "succeeded" and done.worker_id == cpu.id and done.attempt == 2
     broken.engine.dispose()
+
+
+def test_a_worker_shows_the_job_it_began_at_once_not_a_heartbeat_later(tmp_path):
+    """/workers names the job a worker runs as soon as it runs it: the heartbeat that says so is not held back
+    to the next beat (30 s here, the first just past as the worker registered)."""
+    from tests.service import serving
+    with serving(tmp_path / "data", env={"TRAINYARD_HEARTBEAT_S": "30", "TRAINYARD_LEASE_S": "90"}) as svc:
+        job = svc.submit(slow_job(epochs=100))
+        svc.wait_state(job["id"], states=("running",), timeout=60, poll=0.05)
+        began = time.monotonic()
+        svc.wait_until(lambda: [w["job_id"] for w in svc.client().get("/workers").json()] == [job["id"]], 10,
+                       "/workers naming the job")
+        assert time.monotonic() - began < 5, "shown only at the next heartbeat"
+        svc.client().post(f"/jobs/{job['id']}/cancel")

@@ -38,8 +38,17 @@ def here(store: storage.Store, keys: list[str]) -> list[str]:
 
 
 def copies_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for folder in COPY_FOLDERS if (root / folder).exists()
-               for p in (root / folder).rglob("*") if p.is_file() and not p.name.startswith("."))
+    """The bytes of root's copies, counted while the worker may be removing a run's scratch folder."""
+    total = 0
+    for folder in COPY_FOLDERS:
+        for parent, _, files in os.walk(root / folder):  # a folder removed mid-walk is skipped, not an error
+            for name in files:
+                if not name.startswith("."):
+                    try:
+                        total += (Path(parent) / name).stat().st_size
+                    except FileNotFoundError:
+                        pass
+    return total
 
 
 KEYS = ["artifacts/1/run-1/model.safetensors", "checkpoints/2/run-1-e00001-s000005.pt", "logs/3.log",

@@ -64,6 +64,7 @@ class Worker:
         self.unavailable: str | None = None  # why this worker cannot use its device: it then claims nothing
         self.torch_uuids: list[str | None] | None = None  # torch's CUDA devices in its order (the warm-up reads them)
         self._next_beat = 0.0
+        self._beat_for: tuple[str, int | None] | None = None  # the (state, job) the last heartbeat was asked for
         self._marked_stopping = False
         self._last_look = 0.0
         self.listener: wakeup.Listener | None = None  # run() starts listening for queue changes
@@ -193,12 +194,17 @@ class Worker:
         return placement.Slot(f"{self.settings.node}/cpu" if budget else self.id, budget, addr=self.settings.node_addr)
 
     def housekeeping(self, state: str, job_id: int | None) -> None:
-        """Heartbeat and sweep for lost jobs, at most every heartbeat_s. The API server sweeps too:
-        any live process recovers a job whose worker vanished (see app.api.background.reap)."""
+        """Heartbeat and sweep for lost jobs, at most every heartbeat_s (a job begun: at once). The API server
+        sweeps too: any live process recovers a job whose worker vanished (see app.api.background.reap)."""
         now = time.monotonic()
-        if now < self._next_beat:
+        # A job just begun is shown at once (/workers names it without a heartbeat's delay); the rest, and the
+        # sweep, at most every heartbeat_s: a worker running many short jobs must not write twice per job.
+        due = now >= self._next_beat
+        if not due and (job_id is None or (state, job_id) == self._beat_for):
             return
-        self._next_beat = now + self.settings.heartbeat_s
+        self._beat_for = (state, job_id)
+        if due:
+            self._next_beat = now + self.settings.heartbeat_s
         # This host's GPUs as NVML sees them now (memory used by every process on them): /devices and
         # the placement of jobs read the freshest heartbeat.
         here = self._live_workers_here()
@@ -214,7 +220,7 @@ class Worker:
             lent = self.db(registry.lent_to, self.id)
             state, job_id = ("busy", lent) if lent is not None else (state, job_id)
         self.db(registry.worker_heartbeat, self.id, state, job_id, self.stats)
-        for jid, new_state in queue.requeue_expired(self.engine):
+        for jid, new_state in queue.requeue_expired(self.engine) if due else ():
             log.warning("job %s lost its worker (lease expired): now %s", jid, new_state)
 
     def mark_stopping(self, job_id: int | None) -> None:
