@@ -86,8 +86,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--per-rank", default="32,128", help="per-rank batch sizes, comma-separated")
-    # At 32 images a rank an epoch takes 0.3 s here: 3 timed epochs (the first is dropped) were a window so
-    # short that one hiccup of the machine moved a round's ratio by 10-20%.
+    # At 32 images a rank an epoch takes 0.3 s here: 4 epochs (the first is not timed) timed about a second, a
+    # window one hiccup of the machine fills.
     ap.add_argument("--epochs", type=int, default=12, help="epochs a run (the first is not timed)")
     args = ap.parse_args()
     why = netns.unavailable()
