@@ -261,6 +261,15 @@ def test_the_supervisor_stays_torch_free_through_its_warm_up():
     assert version == torch.__version__ and imported == "False", out.stdout
 
 
+def test_job_processes_start_with_the_preloaded_objects_out_of_the_collectors_sight():
+    """The fork server freezes what it preloaded (gc.freeze in worker/warm.py): a job process forked from it
+    starts with those objects in the permanent generation, so its full collections skip them."""
+    probe = ("import gc; from trainyard.worker import fork_server; pool = fork_server.mp_context().Pool(1); "
+             "print(pool.apply(gc.get_freeze_count)); pool.terminate()")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert int(out.stdout.split()[-1]) > 100_000, out.stdout
+
+
 def test_a_worker_names_why_it_cannot_use_its_device():
     gpus = [{**H100, "uuid": "GPU-b2b2b2b2-4444-5555-6666-777777777777", "index": None, "nvml_index": 0,
              "mig_parent": None}]

@@ -1,6 +1,6 @@
 """The ranks' stop vote (worker/stop_vote.py): every rank stops at the same call, at any pace of any
 rank, a stop asked for is acted on within about two votes, and a fast loop votes seldom, not at each
-step (bench/hosts.py: voting at every step cost a job across hosts about 9%)."""
+step (voting at every step woke gloo's threads ~800 times a second on each host of a job across hosts)."""
 import multiprocessing as mp
 import time
 from datetime import timedelta
@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-CALLS = 3000
+from trainyard.worker.stop_vote import MAX_SKIP
+
+CALLS = 5000  # room for a stop asked at call 2,000 in a loop voting every MAX_SKIP (1,000) calls: two votes
 
 
 def _rank(rank: int, store_path: str, every_s: float, sleeps: tuple[float, float], stop_at: int, out) -> None:
@@ -62,11 +64,11 @@ def run_ranks(tmp_path, every_s: float, sleeps: tuple[float, float], stop_at: in
 
 
 def test_a_fast_loop_votes_seldom_and_every_rank_stops_at_the_same_call(tmp_path):
-    # Calls take microseconds here: voting about every 50 ms is one vote in hundreds of calls.
+    # Calls take microseconds here: voting about every 50 ms is one vote in hundreds of calls, at most MAX_SKIP.
     results = run_ranks(tmp_path, every_s=0.05, sleeps=(0.0, 0.0), stop_at=2000)
     (call0, votes0, _), (call1, votes1, _) = results[0], results[1]
     assert call0 is not None and call0 == call1, results
-    assert call0 > 2000 and votes0 == votes1
+    assert 2000 < call0 <= 2000 + 2 * MAX_SKIP and votes0 == votes1
     assert votes0 < CALLS / 10, f"{votes0} votes in {call0} calls: the loop votes too often"
 
 
