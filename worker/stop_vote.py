@@ -33,13 +33,12 @@ class StopVote:
         self.world, self.every_s = world, every_s
         self.pending: tuple[Any, torch.Tensor] | None = None
         self.left = 0  # calls to let pass before the next vote
-        self.calls = 0  # calls since the last vote
+        self.gap = 1  # calls from the last vote to the next: the pace is measured over them
         self.voted_at = time.monotonic()
 
     def __call__(self, flag: bool) -> bool:
         if self.world.size == 1:
             return flag
-        self.calls += 1
         if self.left > 1:
             self.left -= 1
             return False
@@ -54,10 +53,11 @@ class StopVote:
         proposal = self._proposal(now) if self.pending is not None else 1
         mine = torch.tensor([1 if flag else 0, -proposal], dtype=torch.int32)
         self.pending = (dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self.world.control, async_op=True), mine)
-        self.left, self.calls, self.voted_at = skip, 0, now
+        self.left = self.gap = skip
+        self.voted_at = now
         return decided
 
     def _proposal(self, now: float) -> int:
         """How many calls this rank would let pass between votes: VOTE_EVERY_S at its pace since the last."""
-        per_call = (now - self.voted_at) / max(1, self.calls)
+        per_call = (now - self.voted_at) / self.gap
         return max(1, min(MAX_SKIP, int(self.every_s / per_call))) if per_call > 0 else MAX_SKIP
