@@ -25,6 +25,17 @@ def job(device: str, **over) -> dict:
     return {**JOB, "data": data, "device": device, **over}
 
 
+def failed(*jobs: dict) -> str | None:
+    """The first of jobs that did not succeed, as a check's line; None when all did."""
+    bad = [j for j in jobs if j["state"] != JobState.SUCCEEDED]
+    return f"job {bad[0]['id']} {bad[0]['state']}: {bad[0]['error']}" if bad else None
+
+
+def rate(j: dict) -> float:
+    """A finished training job's mean samples per second."""
+    return j["result"]["samples_per_s"] or 0.0
+
+
 def probe() -> tuple[bool, str]:
     import torch  # this process only: the command stays torch-free, and a hung CUDA init hangs only this
 
@@ -76,8 +87,8 @@ def service_job(*devices: str) -> tuple[bool, str]:
         ids = [svc.submit(job(d))["id"] for d in devices]
         jobs = [svc.wait_state(i, timeout=3600) for i in ids]
         wall = time.monotonic() - t0
-        if bad := [j for j in jobs if j["state"] != JobState.SUCCEEDED]:
-            return False, f"job {bad[0]['id']} {bad[0]['state']}: {bad[0]['error']}"
+        if why := failed(*jobs):
+            return False, why
         parts = []
         for d, j in zip(devices, jobs):
             sps = (j["latest_metrics"] or {}).get("samples_per_s") or 0
@@ -113,13 +124,11 @@ def two_device_job(*devices: str) -> tuple[bool, str]:
         half = {**JOB["train"], "batch_size": JOB["train"]["batch_size"] // 2}
         one = svc.wait_state(svc.submit(job(kind))["id"], timeout=3600)
         two = svc.wait_state(svc.submit(job(kind, devices=2, train=half))["id"], timeout=3600)
-        for j in (one, two):
-            if j["state"] != JobState.SUCCEEDED:
-                return False, f"job {j['id']} {j['state']}: {j['error']}"
+        if why := failed(one, two):
+            return False, why
         ranks = [r["device"] for r in two["ranks"] or []]
         if len(ranks) != 2 or (kind == "cuda" and len(set(ranks)) != 2) or two["result"]["devices"] != 2:
             return False, f"the 2-device job ran on {ranks} (result devices {two['result'].get('devices')})"
-        rate = lambda j: j["result"]["samples_per_s"] or 0.0  # noqa: E731
         return True, (f"2 ranks on {', '.join(ranks)}: {rate(two):,.0f} samples/s, "
                       f"acc {two['result']['val_accuracy']:.2f}; "
                       f"1 device: {rate(one):,.0f} samples/s, acc {one['result']['val_accuracy']:.2f}; "
@@ -153,9 +162,8 @@ def two_host_job(*devices: str) -> tuple[bool, str]:
                                           "eth0", "NCCL_SOCKET_IFNAME": "eth0"}, device=d)
             two = svc.wait_state(svc.submit(job(kind, devices=2, hosts=2, train=half))["id"], timeout=3600)
             names = {h.name for h in net.hosts}
-        for j in (one, two):
-            if j["state"] != JobState.SUCCEEDED:
-                return False, f"job {j['id']} {j['state']}: {j['error']}"
+        if why := failed(one, two):
+            return False, why
         hosts = [r.get("host") for r in two["ranks"] or []]
         if set(hosts) != names:
             return False, f"the 2-host job's ranks ran on hosts {hosts}, not one on each of {sorted(names)}"
@@ -163,7 +171,6 @@ def two_host_job(*devices: str) -> tuple[bool, str]:
             w1, w2 = (load(c.get(f"/jobs/{j['id']}/artifact").content) for j in (one, two))
         scale = max(w.abs().max().item() for w in w1.values())
         diff = max((w1[k].float() - w2[k].float()).abs().max().item() for k in w1) / scale
-        rate = lambda j: j["result"]["samples_per_s"] or 0.0  # noqa: E731
         where = ", ".join(f"{r['device']}@{r['host']}" for r in two["ranks"])
         line = (f"ranks on {where}: "
                 f"{rate(two):,.0f} samples/s; one host: {rate(one):,.0f} samples/s "
