@@ -162,10 +162,11 @@ def head(device, plugins, worker_id, slot, fair):
     """The job at the head of this worker's line: the project furthest under its fair share first (`fair`:
     app/fair_share.py's rank), then priority, then age. Jobs are placed in that order without backfill: a head
     that does not fit yet is waited for (devices free up), so a large job behind a stream of small ones waits
-    at most for the jobs running when it reached the head."""
+    at most for the jobs running when it reached the head. It takes no row lock: claims take turns
+    (queue.claim), and a lock with SKIP LOCKED would let a claim look past a head that an idle worker's
+    has_work read was holding at that moment, and start a later job before it."""
     return (select(jobs.c.id).where(eligible(device, plugins, worker_id, slot))
-            .order_by(fair, jobs.c.priority.desc(), jobs.c.id).limit(1)
-            .with_for_update(skip_locked=True).scalar_subquery())
+            .order_by(fair, jobs.c.priority.desc(), jobs.c.id).limit(1).scalar_subquery())
 
 
 def startable(conn: Connection, device: str, plugins: dict[str, list[str]] | None, worker_id: str | None,

@@ -94,6 +94,28 @@ def test_jobs_that_state_their_gpu_memory_share_a_device_within_its_budget(engin
     assert job_reads.get_job(engine, too_big.id).state == "queued"
 
 
+def test_a_head_another_worker_is_reading_is_still_the_head(engine):
+    """A row lock on the head (a multi-device job that cannot start yet), such as another worker's has_work
+    read took for the length of its statement, does not make a claim look past it and start a later job
+    first (with FOR UPDATE SKIP LOCKED in the head's query it did, under the full suite's load)."""
+    from trainyard.app import workers
+    from trainyard.app.db import jobs, write
+    from trainyard.app.placement import Slot
+    for w in ("a", "b"):
+        workers.register_worker(engine, w, "h", 1, "cpu", {})
+    small = submit(engine)
+    wide = submit(engine, devices=2)
+    after = submit(engine)
+    assert queue.claim(engine, "a", "cpu", 10, None, Slot("a", None, gang=2)).id == small.id
+    assert not queue.has_work(engine, "cpu", None, "b", Slot("b", None, gang=2))
+    if engine.dialect.name == "postgresql":  # SQLite has no row locks: BEGIN IMMEDIATE serialises claims
+        with write(engine) as conn:
+            conn.execute(select(jobs.c.id).where(jobs.c.id == wide.id).with_for_update())
+            assert queue.claim(engine, "b", "cpu", 10, None, Slot("b", None, gang=2)) is None
+    assert queue.claim(engine, "b", "cpu", 10, None, Slot("b", None, gang=2)) is None
+    assert job_reads.get_job(engine, after.id).state == "queued"
+
+
 def test_a_multi_device_job_borrows_idle_workers_of_its_host_and_kind(engine):
     """Gang claim: one claim takes the job and lends it idle workers of the same host and kind; the lent
     workers claim nothing while that run lasts; a job on N devices waits, without backfill, until N are idle."""
