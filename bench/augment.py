@@ -79,7 +79,7 @@ def time_layout(device: torch.device, channels_last: bool, blocks: int, calls: i
     model = nets.build_model(ModelSpec(arch="cifar_net", params=None), (3, 32, 32), 10).to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = train_setup.make_optimizer(TrainParams(optimizer="sgd", lr=0.001), model.parameters())
+    optimizer = train_setup.make_optimizer(TrainParams(optimizer="sgd", lr=0.001), model)
     criterion = nn.CrossEntropyLoss()
     x_train, y_train = torch.randn(2048, 3, 32, 32, device=device), torch.randint(0, 10, (2048,), device=device)
     augments = {"crop + flip": BatchAugment(Augment(**AUGMENT), seed=0),

@@ -6,7 +6,8 @@ on the device kind: `cpu` twice, or cuda:0 and cuda:1; SQLite) and, N alternatin
 - service, 1 rank: the same job with batch_size 2b on one worker (the same steps);
 - hand-written DDP: the torch.distributed loop people write by hand (two processes, gloo on the
   CPU or NCCL on CUDA, DistributedDataParallel, the data in memory, each rank slicing its half of
-  every global batch from one shuffled index, the loss all-reduced once per epoch).
+  every global batch from one shuffled index, the loss all-reduced once per epoch), with the optimizer the
+  service builds (fused where PyTorch has the kernel), so that the ratio is what the service adds.
 On the CPU every rank gets one torch thread, as the service's CPU workers do when two share two cores.
 
 Throughput counts training steps only (samples of the whole global batch per second, evaluation and
@@ -57,7 +58,7 @@ def _rank(rank: int, world: int, init_method: str, data_dir: str, device_kind: s
     from torch import nn
 
     from trainyard.app.spec import TrainJob, parse_spec
-    from trainyard.worker import data, nets
+    from trainyard.worker import data, nets, train_setup
 
     spec = parse_spec({**JOB, "device": "cpu", "train": {**JOB["train"], "epochs": epochs or JOB["train"]["epochs"]}})
     assert isinstance(spec, TrainJob)
@@ -72,7 +73,7 @@ def _rank(rank: int, world: int, init_method: str, data_dir: str, device_kind: s
     torch.manual_seed(0)
     model = nets.build_model(spec.model, d.input_shape, len(d.class_names)).to(device)
     model = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    optimizer = train_setup.make_optimizer(spec.train, model)  # the service's own choice
     criterion = nn.CrossEntropyLoss()
     x, y, n, g = d.x_train, d.y_train, len(d.y_train), per_rank * world
     shuffle = torch.Generator().manual_seed(0)

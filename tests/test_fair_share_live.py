@@ -1,6 +1,6 @@
 """Fair share and device limits as users meet them: a real server and CPU workers, two projects' users
 submitting over HTTP with their own tokens, on each database. A project that queued 10 jobs behind another's 30
-starts its first within one job's length and gets half the device while both have work; a project limited to one
+starts its first within one job's length and as much device time as the other by its last; a project limited to one
 device (12 jobs queued beside another's 6, two workers) never holds two workers, sampled every 100 ms, and its
 waiting job says why."""
 import threading
@@ -85,14 +85,17 @@ def test_a_project_behind_another_gets_its_turn_and_half_the_device(tmp_path, na
     first_b = min(start for start, _, who in runs if who == "ben")
     print(f"ben's first job started {first_b - b_at:.2f} s after ben submitted; a job takes up to {one_job:.2f} s")
     assert first_b - b_at <= one_job + 1.0
-    # While both had work queued: from ben's submit to the end of ben's last job.
+    # Fair share equalises device time (the half-life, 4 h, decays nothing here): each claim while both have work
+    # queued goes to the project that has used less. So when ben's last job ends, ann's device time (her runs before
+    # ben came included) and ben's differ by at most one job. (Ben's share of the time since his submit was not a
+    # steady half under load: the runs ann made while his submits were still arriving are his to make up.)
     until = max(end for _, end, who in runs if who == "ben")
-    held = {"ann": 0.0, "ben": 0.0}
+    used = {"ann": 0.0, "ben": 0.0}
     for start, end, who in runs:
-        held[who] += max(0.0, min(end, until) - max(start, b_at))
-    share = held["ben"] / (held["ann"] + held["ben"])
-    print(f"device time while both queued: ann {held['ann']:.1f} s, ben {held['ben']:.1f} s: ben's share {share:.0%}")
-    assert 0.4 <= share <= 0.6
+        used[who] += max(0.0, min(end, until) - start)
+    print(f"device time until ben's last job ended: ann {used['ann']:.1f} s, ben {used['ben']:.1f} s")
+    assert abs(used["ann"] - used["ben"]) <= one_job + 0.25
+    assert used["ann"] < 0.5 * JOB_S * 30  # she did not run her whole queue first
 
 
 def test_a_project_at_its_device_limit_never_holds_two_workers_and_says_why(tmp_path, naps, database):

@@ -316,3 +316,39 @@ def test_a_model_whose_modules_are_versioned_keeps_its_best_epoch_resumes_and_re
     assert resumed["kept"] == "best" and resumed["resumed_from_epoch"] == 1
     model, _ = artifacts.load_model(tmp_path / "second" / "artifact", torch.device("cpu"))
     assert type(model).__name__ == "MNASNet"
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw", "sgd"])
+def test_the_optimizer_is_fused_where_pytorch_can_and_trains_as_the_per_tensor_one_does(tmp_path, optimizer):
+    from trainyard.app.spec import TrainParams
+    from trainyard.worker.train_setup import make_optimizer
+    p = TrainParams(optimizer=optimizer, lr=0.01, momentum=0.9, weight_decay=0.01)
+    x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+
+    def trained(fused: bool):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+        applied: dict[str, str] = {}
+        opt = make_optimizer(p, net, applied)
+        if not fused:  # the same optimizer and settings, PyTorch's default per-tensor loop
+            opt = type(opt)(net.parameters(), **{k: v for k, v in opt.defaults.items()
+                                                  if k in ("lr", "momentum", "weight_decay")})
+        for _ in range(50):
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+        return torch.cat([t.flatten() for t in net.parameters()]), opt, applied
+
+    fused, opt, applied = trained(True)
+    per_tensor, plain, _ = trained(False)
+    assert applied["optimizer"] == "fused" and opt.defaults["fused"] and not plain.defaults["fused"]
+    assert not torch.equal(fused, per_tensor)  # another kernel, another rounding ...
+    assert torch.allclose(fused, per_tensor, atol=1e-5)  # ... of the same update
+
+    # No fused kernel for sparse gradients: the per-tensor optimizer, which takes them.
+    emb = nn.Sequential(nn.Embedding(10, 4, sparse=True))
+    applied = {}
+    opt = make_optimizer(TrainParams(optimizer="sgd", lr=0.1), emb, applied)
+    emb(torch.tensor([1, 2])).sum().backward()
+    opt.step()
+    assert applied["optimizer"] == "per-tensor" and not opt.defaults["fused"]

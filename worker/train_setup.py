@@ -2,7 +2,7 @@
 the seeded model, and the speed and numerics switches (precision/AMP, channels_last, torch.compile,
 determinism, CPU threads, DistributedDataParallel on several devices), each recorded as applied."""
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,7 +124,7 @@ def build(spec: TrainJob, ctx: JobContext) -> Run:
     # A dataset over half the job's GPU budget stays in host memory (torch_devices.fits_on_device).
     applied["data"] = "on the device" if d.x_train.device == device else "in host memory"
     model, channels_last = _model(spec, ctx, d, applied)
-    optimizer = make_optimizer(p, model.parameters())
+    optimizer = make_optimizer(p, model, applied)
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None) \
         if world.size > 1 else None
     net = model if ddp is None else ddp
@@ -170,9 +170,20 @@ def _model(spec: TrainJob, ctx: JobContext, d: data.TensorData, applied: dict[st
     return model, channels_last
 
 
-def make_optimizer(p: TrainParams, parameters: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-    """The optimizer a job's train params ask for (bench/ builds its yardsticks' with this too)."""
+def make_optimizer(p: TrainParams, model: nn.Module, applied: dict[str, Any] | None = None) -> torch.optim.Optimizer:
+    """The optimizer a job's train params ask for, over model's parameters (bench/ builds its yardsticks' with
+    this too). PyTorch's fused kernel where it has one for every parameter (floating point, on the CPU or CUDA;
+    no sparse gradients): one call per step instead of several per parameter tensor, 20-30% of an Iris step on
+    the CPU. It rounds differently from the per-tensor loop, by about 1e-8 a step. applied["optimizer"]:
+    "fused" or "per-tensor"."""
+    params = list(model.parameters())
+    fused = all(type(t) is nn.Parameter and t.is_floating_point() and t.device.type in ("cpu", "cuda")
+                for t in params) and not any(getattr(m, "sparse", False) is True for m in model.modules())
+    if applied is not None:
+        applied["optimizer"] = "fused" if fused else "per-tensor"
+    # The kernel is checked for at the first step, not here: what it cannot take is ruled out above.
+    flag = True if fused else None  # None: PyTorch's default loop
     if p.optimizer == "sgd":
-        return torch.optim.SGD(parameters, lr=p.lr, momentum=p.momentum, weight_decay=p.weight_decay)
+        return torch.optim.SGD(params, lr=p.lr, momentum=p.momentum, weight_decay=p.weight_decay, fused=flag)
     cls = torch.optim.Adam if p.optimizer == "adam" else torch.optim.AdamW
-    return cls(parameters, lr=p.lr, weight_decay=p.weight_decay)
+    return cls(params, lr=p.lr, weight_decay=p.weight_decay, fused=flag)
