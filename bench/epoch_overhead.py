@@ -3,9 +3,11 @@
 `python -m bench.epoch_overhead [--rounds N]` builds the Iris case of bench/cases.py as the service does
 (worker/train_setup.build) and seed 000's loop beside it (bench/loops.py), then times blocks of 50 epochs
 of each, interleaved and alternating in order, by this thread's CPU time (another process on the core
-does not count), and prints the medians and their ratio. No server, supervisor or fork server: what is
-left between the two is the training loop's own bookkeeping. The second table times each piece of that
-bookkeeping inside the service's epoch, where a step has just left the caches cold.
+does not count), and prints the medians and their ratio. Seed 000's epoch body runs here with the
+service's optimizer (train_setup.make_optimizer: fused), not the tutorial's per-tensor Adam, and there is
+no server, supervisor or fork server: what is left between the two is the training loop's own bookkeeping.
+The second table times each piece of that bookkeeping inside the service's epoch, where a step has just
+left the caches cold.
 """
 import argparse
 import math
@@ -20,7 +22,7 @@ from torch import nn
 
 from bench.cases import CASES
 from trainyard.app.spec import TrainJob, parse_spec
-from trainyard.worker import nets, train
+from trainyard.worker import nets, train, train_setup
 from trainyard.worker.job_context import JobContext
 from trainyard.worker.train_checkpoint import resume
 
@@ -38,11 +40,11 @@ def runners(spec: TrainJob, ctx: JobContext) -> dict[str, Callable[[], None]]:
     torch.manual_seed(spec.train.seed)
     d = run.data
     model = nets.build_model(spec.model, d.input_shape, len(d.class_names))
-    criterion, optimizer = nn.CrossEntropyLoss(), torch.optim.Adam(model.parameters(), lr=spec.train.lr)
+    criterion, optimizer = nn.CrossEntropyLoss(), train_setup.make_optimizer(spec.train, model)  # the service's
     losses: list[torch.Tensor] = []
     epoch = [0]
 
-    def seed000() -> None:  # bench/loops.py's seed000, one epoch
+    def seed000() -> None:  # bench/loops.py's seed000, one epoch (with the service's optimizer)
         loss = criterion(model.forward(d.x_train), d.y_train)
         losses.append(loss)
         optimizer.zero_grad()
