@@ -160,19 +160,25 @@ def test_hundreds_of_streams_on_one_sweep_share_one_poll_and_the_caps_hold(live)
         assert opened == [200] * STREAMS
         time.sleep(1)
         pid = live.server.pid
-        cpu0, t0, latencies = cpu_s(pid), time.monotonic(), []
+        latencies: list[float] = []
         with live.client() as c:
+            # The connection is made before the clock starts: a first SYN the kernel drops is resent only
+            # after 1 s (the initial RTO), which timed the handshake and not the server (one read of 1,000.4 ms
+            # in a CI run whose median was 10 ms). What is timed is reads on one kept-alive connection.
+            assert c.get("/healthz").status_code == 200
+            cpu0, t0 = cpu_s(pid), time.monotonic()
             while time.monotonic() - t0 < 5:
                 s = time.monotonic()
                 assert c.get(f"/jobs/{job['id']}").status_code == 200
                 latencies.append(time.monotonic() - s)
                 time.sleep(0.05)
             cpu = (cpu_s(pid) - cpu0) / (time.monotonic() - t0)
+            slowest = max(range(len(latencies)), key=latencies.__getitem__)
             latencies.sort()
             p90 = latencies[len(latencies) * 9 // 10]
             print(f"{STREAMS} streams on one sweep: server CPU {cpu:.0%}, GET /jobs/{{id}} median "
                   f"{latencies[len(latencies) // 2] * 1000:.1f} ms, p90 {p90 * 1000:.1f} ms, "
-                  f"max {latencies[-1] * 1000:.1f} ms")
+                  f"max {latencies[-1] * 1000:.1f} ms (read {slowest} of {len(latencies)})")
             # p90, not max: on two cores beside another xdist process one read in ~80 can wait 300 ms for the
             # scheduler; 300 streams polling on their own would slow most reads, not one
             assert cpu < 0.5 and p90 < 0.25 and latencies[-1] < 1.0
