@@ -4,9 +4,7 @@
 free port with Service.isolated(), and speak to them over HTTP like any client.
 """
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,27 +13,7 @@ from pathlib import Path
 import httpx
 
 from trainyard.app.client import TERMINAL
-
-
-def free_port() -> int:
-    """A port free on 127.0.0.1 now, below the kernel's ephemeral range: a port from that range (what
-    binding port 0 gives) may be taken by any outgoing connection (a PostgreSQL client's, say) before the
-    server binds it, which failed a test's server with "address already in use"."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    for _ in range(200):
-        port = random.randrange(10000, max(low, 10001))
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from trainyard.app.ports import free_port
 
 
 class Service:

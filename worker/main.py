@@ -26,6 +26,7 @@ from trainyard.app import (
     migrate,
     placement,
     plugins,
+    ports,
     queue,
     spread,
     wakeup,
@@ -168,7 +169,7 @@ class Worker:
                     return job
             if self.db(queue.has_work, self.device, self.plugins, self.id, self.slot, self.settings.lease_s):
                 return self.db(queue.claim, self.id, self.device, self.settings.lease_s, self.plugins, self.slot,
-                               port=part.free_port(self.slot.addr) if self.slot.addr else 0)
+                               port=ports.free_port(self.slot.addr) if self.slot.addr else 0)
         except OperationalError:
             log.exception("database unavailable; the worker keeps trying")
             time.sleep(2.0)

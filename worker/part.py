@@ -15,9 +15,7 @@ this host's ranks and forks the others (worker/distributed.py); they meet rank 0
 Its log is this host's own (logs/<id>.part.log, not published): the job's log is rank 0's. Torch-free.
 """
 import logging
-import socket
 import time
-from contextlib import closing
 
 from sqlalchemy.exc import OperationalError
 
@@ -29,16 +27,6 @@ from trainyard.worker.job_run import JobRun
 from trainyard.worker.supervise import FENCE_CHECK_S, LeaseWatch, watched
 
 log = logging.getLogger("trainyard.worker")
-
-
-def free_port(addr: str) -> int:
-    """A TCP port free on this host's address now, for the ranks of a job this worker may claim to meet at."""
-    with closing(socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET)) as s:
-        try:
-            s.bind((addr, 0))
-        except OSError:  # not an address of this host: rank 0's check says so when a job starts
-            s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def run_part(worker: launch.Launcher, job: Job) -> None:
