@@ -5,6 +5,7 @@ import copy
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -352,3 +353,26 @@ def test_the_optimizer_is_fused_where_pytorch_can_and_trains_as_the_per_tensor_o
     emb(torch.tensor([1, 2])).sum().backward()
     opt.step()
     assert applied["optimizer"] == "per-tensor" and not opt.defaults["fused"]
+
+
+def test_a_checkpoint_from_the_per_tensor_optimizer_resumes_on_the_fused_one(tmp_path):
+    from trainyard.worker.train_checkpoint import resume
+    spec = job(epochs=3, checkpoint_every=1)  # Iris, Adam
+    first = []
+    with pytest.raises(Preempted):
+        train.train(spec, make_ctx(tmp_path, first, "first", stop_after_steps=1))
+    path = of_type(first, "checkpoint")[-1]["path"]
+    # As a checkpoint written before the service's optimizer was fused (or by a run that could not fuse) has it.
+    ck = torch.load(path, weights_only=True)
+    assert all(g["fused"] for g in ck["optimizer"]["param_groups"])
+    for group in ck["optimizer"]["param_groups"]:
+        group["fused"] = None
+    torch.save(ck, path)
+
+    ctx = make_ctx(tmp_path, [], "resumed", resume_path=Path(path))
+    run = train.build(spec, ctx)
+    assert resume(run, ctx).resumed
+    assert run.applied["optimizer"] == "fused" and all(g["fused"] for g in run.optimizer.param_groups)
+    # And a whole run from it: the fused kernel takes the loaded state (its step counters included).
+    result = train.train(spec, make_ctx(tmp_path, [], "again", resume_path=Path(path)))
+    assert result["applied"]["optimizer"] == "fused" and result["resumed_from_epoch"] is not None

@@ -27,7 +27,7 @@ def resume(run: Run, ctx: JobContext) -> Start:
     if ck is None:
         return Start()
     run.model.load_state_dict(ck["model"])
-    run.optimizer.load_state_dict(ck["optimizer"])
+    run.optimizer.load_state_dict(own_loop(run.optimizer, ck["optimizer"]))
     artifacts.optimizer_to(run.optimizer, ctx.device)
     if ck["scaler"] is not None:
         run.scaler.load_state_dict(ck["scaler"])
@@ -40,6 +40,16 @@ def resume(run: Run, ctx: JobContext) -> Start:
     run.shuffle.set_state(ck["shuffle_rng_at_epoch_start"])
     ctx.log(f"resumed from checkpoint: {ck['epoch']} epochs done, step {ck['step']} of epoch {ck['epoch'] + 1}")
     return Start(epoch=ck["epoch"], step=ck["step"], partial=ck["partial"], resumed=True)
+
+
+def own_loop(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> dict[str, Any]:
+    """saved (an optimizer's state_dict) with optimizer's own choice of loop, fused or foreach, in its groups.
+    load_state_dict takes the groups' every setting from the checkpoint: one written before the service's
+    optimizer was fused (git 06bff70), or by a run that could not fuse, would bring its loop back while
+    applied.optimizer said "fused". Set before loading, so that fused `step` counters go to the device."""
+    groups = [{**group, **{k: own[k] for k in ("fused", "foreach") if k in own}}
+              for group, own in zip(saved["param_groups"], optimizer.param_groups)]
+    return {**saved, "param_groups": groups}
 
 
 def checkpoint(run: Run, ctx: JobContext, epoch: int, step: int, shuffle_state: torch.Tensor,
