@@ -30,6 +30,13 @@ def get_job(engine: Engine, job_id: int) -> Job:
     return Job.from_row(row)
 
 
+def claimed_since(engine: Engine, job_id: int, claim_no: int) -> bool:
+    """Whether another claim of the job has begun since claim_no (or the job is gone): what claim_no's
+    run may still write outside the database, its log in a bucket, it may write only while this is False."""
+    with read(engine) as conn:
+        return conn.execute(select(jobs.c.id).where(jobs.c.id == job_id, jobs.c.claim == claim_no)).first() is None
+
+
 def list_jobs(engine: Engine, state: str | None = None, kind: str | None = None,
               limit: int = 50, offset: int = 0, leave_out: tuple[str, ...] = (),
               sweep_id: int | None = None, max_bytes: int | None = None,

@@ -22,10 +22,11 @@ def files_under(folder) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) if folder.exists() else []
 
 
-def test_a_job_killed_on_one_host_resumes_on_another_from_the_bucket(tmp_path, bucket):
-    def host(name: str) -> dict:
-        return {"TRAINYARD_DATA_DIR": str(tmp_path / name), "TRAINYARD_NODE_NAME": name}
+def host(tmp_path, name: str) -> dict:
+    return {"TRAINYARD_DATA_DIR": str(tmp_path / name), "TRAINYARD_NODE_NAME": name}
 
+
+def test_a_job_killed_on_one_host_resumes_on_another_from_the_bucket(tmp_path, bucket):
     with postgres_schema("hosts") as db_url:
         api = Service(tmp_path / "api", db_url, env={**bucket.env, "TRAINYARD_STORAGE_URL": bucket.url,
                                                      "TRAINYARD_NODE_NAME": "api"}).start_server()
@@ -36,7 +37,7 @@ def test_a_job_killed_on_one_host_resumes_on_another_from_the_bucket(tmp_path, b
             upload = r.json()
             assert f"trainyard/datasets/uploads/{upload['id']}/data.npz" in bucket.keys()
 
-            a = api.start_worker("cpu", env=host("host-a"))
+            a = api.start_worker("cpu", env=host(tmp_path, "host-a"))
             job = api.submit(slow_job(epochs=10))
             wait_checkpoint(api, job["id"], 2)
             os.kill(a.pid, signal.SIGKILL)
@@ -45,7 +46,7 @@ def test_a_job_killed_on_one_host_resumes_on_another_from_the_bucket(tmp_path, b
                     and f"-e{killed['checkpoint_epoch']:05d}-" in k], bucket.keys()
             assert files_under(tmp_path / "host-b") == []  # host B has never seen any file of this job
 
-            api.start_worker("cpu", env=host("host-b"))
+            api.start_worker("cpu", env=host(tmp_path, "host-b"))
             done = api.wait_state(job["id"], timeout=240)
             assert done["state"] == "succeeded" and done["runs"] == 2, done
             resumed = done["result"]["resumed_from_epoch"]
@@ -76,4 +77,37 @@ def test_a_job_killed_on_one_host_resumes_on_another_from_the_bucket(tmp_path, b
             assert not [f for f in files_under(tmp_path / "api") if f.split("/")[0] in
                         ("artifacts", "checkpoints", "logs")], files_under(tmp_path / "api")
         finally:
+            api.stop()
+
+
+def test_a_run_taken_over_leaves_the_next_runs_log_in_the_bucket_as_it_was(tmp_path, bucket):
+    # The bucket holds one log a job. Host A's supervisor is stopped past its lease (its job process runs on);
+    # host B takes the job over and finishes it; then host A wakes, finds the job no longer its own and ends
+    # its run, whose log it must not publish over host B's.
+    with postgres_schema("hosts_log") as db_url:
+        api = Service(tmp_path / "api", db_url, env={**bucket.env, "TRAINYARD_STORAGE_URL": bucket.url,
+                                                     "TRAINYARD_NODE_NAME": "api"}).start_server()
+        a = None
+        try:
+            a = api.start_worker("cpu", env=host(tmp_path, "host-a"))
+            job = api.submit(slow_job(epochs=4))
+            wait_checkpoint(api, job["id"], 1)
+            os.kill(a.pid, signal.SIGSTOP)
+            api.start_worker("cpu", env=host(tmp_path, "host-b"))
+            done = api.wait_state(job["id"], timeout=240)
+            assert done["state"] == "succeeded" and done["runs"] == 2, done
+            with api.client() as c:
+                taken_over = c.get(f"/jobs/{job['id']}/logs").text
+            assert "on host-a-" in taken_over and "on host-b-" in taken_over, taken_over
+
+            os.kill(a.pid, signal.SIGCONT)
+            a_log = tmp_path / "host-a" / "logs" / f"{job['id']}.log"
+            api.wait_until(lambda: "is no longer ours" in a_log.read_text(), 60, "host A to stop its copy")
+            with api.client() as c:
+                api.wait_until(lambda: not [w for w in c.get("/workers").json()
+                                            if w["host"] == "host-a" and w["job_id"] is not None], 30, "host A to idle")
+                assert c.get(f"/jobs/{job['id']}/logs").text == taken_over
+        finally:
+            if a is not None and a.poll() is None:
+                os.kill(a.pid, signal.SIGCONT)
             api.stop()

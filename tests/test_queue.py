@@ -200,6 +200,7 @@ def test_fenced_writes_of_a_stale_claim_change_nothing(engine):
     assert second.claim == first.claim + 1 and second.attempt == 2
     # The first worker wakes up and tries to report: every write is refused.
     assert not queue.renew(engine, job.id, first.claim, 10)
+    assert job_reads.claimed_since(engine, job.id, first.claim)  # nor may it publish its log over the second's
     assert not queue.record_epoch(engine, job.id, first.claim, 1, {"train_loss": 9.0})
     assert not queue.record_checkpoint(engine, job.id, first.claim, 1, "x")
     assert not queue.succeed(engine, job.id, first.claim, {"val_accuracy": 0.0}, "bogus")
@@ -208,6 +209,7 @@ def test_fenced_writes_of_a_stale_claim_change_nothing(engine):
     assert queue.succeed(engine, job.id, second.claim, {"val_accuracy": 1.0}, "art")
     final = job_reads.get_job(engine, job.id)
     assert final.state == "succeeded" and final.artifact_path == "art"
+    assert not job_reads.claimed_since(engine, job.id, second.claim)  # ended by it, claimed by no one since
     assert job_reads.get_metrics(engine, job.id) == [{"epoch": 1, "attempt": 2, "train_loss": 1.0}]
 
 

@@ -16,7 +16,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from trainyard.app import queue
+from trainyard.app import job_reads, queue
 from trainyard.app.records import Job
 from trainyard.app.settings import Settings
 from trainyard.app.states import DEVICE_FAILURE, Failure, error_record
@@ -103,9 +103,21 @@ class JobRun:
         self.summed_up = True
         self.publish_log()
 
-    def publish_log(self) -> None:
-        if self.publish:
-            self.out.publish()
+    def publish_log(self, held: bool = False) -> None:
+        """Copy the log to a bucket store, if this run is still the job's latest claim (held: known to be,
+        by a renewal just now). The bucket keeps one log a job: a run taken over (a supervisor that was
+        stopped past its lease, or cut off) would otherwise replace the next run's log with its own."""
+        if not self.publish or not self.worker.settings.store.remote:
+            return
+        try:
+            if not held and self.worker.db(job_reads.claimed_since, self.job.id, self.job.claim):
+                log.info("job %s: claimed again since claim %s; its log stays on this host", self.job.id,
+                         self.job.claim)
+                return
+        except Exception as exc:  # the database away: publish nothing that could be stale
+            log.warning("job %s: log not published (the claim could not be checked: %s)", self.job.id, exc)
+            return
+        self.out.publish()
 
     # -- stopping ---------------------------------------------------------------------------------
 

@@ -137,7 +137,7 @@ def _supervise(run: JobRun, lease: LeaseWatch | None) -> None:
             if lease is not None:
                 lease.renewed(now)
             run.worker.housekeeping(state="busy", job_id=run.job.id)
-            run.publish_log()
+            run.publish_log(held=True)
 
 
 def lost_host(run: JobRun) -> bool:
