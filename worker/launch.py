@@ -56,6 +56,9 @@ def run_job(worker: Launcher, job: Job) -> None:
         # requeued (from its last recorded checkpoint) for whichever worker reaches the database.
         log.exception("database unreachable while running job %s; stopping it", job.id)
         run.stop_now()
+        # Nor can it check that the job is still its own (publish_log would wait a lease for each
+        # check): the log's last lines stay on this host, and the bucket keeps the last heartbeat's.
+        run.publish = False
     run.end_processes()
     run.conn.close()
     remove_scratch(settings, plan)
