@@ -107,17 +107,17 @@ class JobRun:
         """Copy the log to a bucket store, if this run is still the job's latest claim (held: known to be,
         by a renewal just now). The bucket keeps one log a job: a run taken over (a supervisor that was
         stopped past its lease, or cut off) would otherwise replace the next run's log with its own."""
-        if not self.publish or not self.worker.settings.store.remote:
-            return
+        if self.publish:
+            self.out.publish(None if held else self._still_latest_claim)
+
+    def _still_latest_claim(self) -> bool:
         try:
-            if not held and self.worker.db(job_reads.claimed_since, self.job.id, self.job.claim):
-                log.info("job %s: claimed again since claim %s; its log stays on this host", self.job.id,
-                         self.job.claim)
-                return
+            if not self.worker.db(job_reads.claimed_since, self.job.id, self.job.claim):
+                return True
+            log.info("job %s: claimed again since claim %s; its log stays on this host", self.job.id, self.job.claim)
         except Exception as exc:  # the database away: publish nothing that could be stale
             log.warning("job %s: log not published (the claim could not be checked: %s)", self.job.id, exc)
-            return
-        self.out.publish()
+        return False
 
     # -- stopping ---------------------------------------------------------------------------------
 

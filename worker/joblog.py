@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from multiprocessing import connection
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -194,9 +195,10 @@ class JobOutput:
             self.pipe = None
         self.log.finish_pending()
 
-    def publish(self) -> None:
+    def publish(self, allowed: Callable[[], bool] | None = None) -> None:
         """Copy the log to a bucket store when it changed (every heartbeat, and before the job's end is
-        recorded), so that the API on any host serves it. A failed upload costs a stale log, not the job."""
+        recorded), so that the API on any host serves it. A failed upload costs a stale log, not the job.
+        allowed, asked only when there is something to copy: whether this run may still write it."""
         store = self.settings.store
         if not store.remote:
             return
@@ -204,7 +206,7 @@ class JobOutput:
             if not self.path.exists():
                 return  # evicted unchanged since it was last published (restore() brings it back)
             stat = self.path.stat()
-            if (stat.st_size, stat.st_mtime_ns) != self.published:
+            if (stat.st_size, stat.st_mtime_ns) != self.published and (allowed is None or allowed()):
                 store.publish(self.path)
                 self.published = (stat.st_size, stat.st_mtime_ns)
         except Exception as exc:
