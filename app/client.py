@@ -19,10 +19,13 @@ from __future__ import annotations  # the alias `list` shadows the builtin in an
 import functools
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
+from trainyard.app import operator_token
 from trainyard.app.client_admin import Admin
 from trainyard.app.client_http import TERMINAL, APIError, Http, describe
 from trainyard.app.client_models import Me
@@ -77,7 +80,7 @@ class Client:
 
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 30.0):
         self.url = (url or os.environ.get("TRAINYARD_URL") or "http://127.0.0.1:8000").rstrip("/")
-        token = token if token is not None else os.environ.get("TRAINYARD_API_TOKEN")
+        token = token if token is not None else os.environ.get("TRAINYARD_API_TOKEN") or _stored_token(self.url)
         self._http = Http(self.url, token, timeout)
         self.jobs = Jobs(self._http)
         self.sweeps = Sweeps(self._http)
@@ -142,3 +145,12 @@ class Client:
 # Old name -> new call, for the docs and the tests.
 DEPRECATED = {name: f"{a.resource}.{a.verb}" for name, a in vars(Client).items() if isinstance(a, _Alias)} | {
     "sweeps": "sweeps.list", "workers": "workers.list", "datasets": "datasets.list"}
+
+
+def _stored_token(url: str) -> str | None:
+    """The admin token a server made in its data directory (app/operator_token.py), for a client on the same
+    machine (`docker compose exec api trainyard jobs`): read only when the URL is this machine's loopback, so
+    that the token never travels to another host."""
+    if not operator_token.loopback(urlsplit(url).hostname or ""):
+        return None
+    return operator_token.read(Path(os.environ.get("TRAINYARD_DATA_DIR") or "./trainyard-data"))

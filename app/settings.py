@@ -4,10 +4,10 @@ import socket
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from trainyard.app import storage
+from trainyard.app import operator_token, storage
 from trainyard.app.layout import Layout
 
 
@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     max_upload_files: int = Field(100_000, gt=0, description="members of one zip or .npz upload")
     upload_quota_bytes: int = Field(10 << 30, gt=0, description="stored bytes of all uploads together")
     max_uploads: int = Field(1000, gt=0, description="uploaded datasets kept at once")
+    # What one project may hold of the two above (unset: half of each, at least 1; see per_project).
+    upload_quota_bytes_per_project: int | None = Field(None, gt=0)
+    max_uploads_per_project: int | None = Field(None, gt=0)
     # Decoded built-in datasets and FakeData: least recently used entries are evicted past this.
     dataset_cache_bytes: int = Field(20 << 30, gt=0)
 
@@ -82,6 +85,9 @@ class Settings(BaseSettings):
     max_event_streams_per_target: int = Field(300, gt=0)
     # Sweeps running at once (each is read and advanced several times a second); past it POST /sweeps is a 409.
     max_running_sweeps: int = Field(50, gt=0)
+    # What one project may hold of the two caps above (unset: half of each, at least 1; see per_project).
+    max_event_streams_per_project: int | None = Field(None, gt=0)
+    max_running_sweeps_per_project: int | None = Field(None, gt=0)
     # Model exports (GET /jobs/{id}/artifact?format=onnx...) waiting for a slot in one server process (two
     # run at once, each a process that imports torch); past it a new one is a 503 with Retry-After.
     export_queue: int = Field(8, ge=0, le=10_000)
@@ -146,6 +152,21 @@ class Settings(BaseSettings):
         if any(c.isspace() for c in v) or "/" in v:
             raise ValueError(f"{v!r} is not a host address")
         return v
+
+    @model_validator(mode="after")
+    def _stored_token(self) -> "Settings":
+        # A data directory whose server once listened beyond loopback keeps its admin token
+        # (app/operator_token.py): every later server on it, wherever it listens, wants that token.
+        if not self.api_token:
+            self.api_token = operator_token.read(self.data_dir)
+        return self
+
+    def per_project(self, cap: str) -> int:
+        """One project's part of a service-wide cap (max_uploads, upload_quota_bytes, max_event_streams,
+        max_running_sweeps): its `<cap>_per_project` setting, else half the cap, at least 1. A member's request is
+        checked against it first, then against the cap itself (docs/teams.md, "Shared caps")."""
+        own = getattr(self, f"{cap}_per_project")
+        return own if own is not None else max(1, getattr(self, cap) // 2)
 
     @property
     def node(self) -> str:

@@ -1,5 +1,6 @@
 """Dependencies shared by the routes: settings, the engine (and its loop reader), and who is asking (the bearer
 token's principal)."""
+import ipaddress
 import secrets
 from typing import Annotated
 
@@ -47,17 +48,41 @@ async def known_principal(request: Request, token: str) -> Principal | None:
 
 async def require_token(request: Request,
                         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
-    """Who the request acts as (app/accounts.py): the token's principal; with no TRAINYARD_API_TOKEN, a request
-    without a user's token is the admin, as before accounts (the server then answers loopback only). Anything
-    else: 401. FastAPI computes it once per request, so a route that asks for WhoDep gets the router's answer."""
-    given = credentials.credentials.strip() if credentials is not None else request.cookies.get(COOKIE, "")
-    who = await known_principal(request, given)
+    """Who the request acts as (app/accounts.py): the token's principal. A token sent and not known is a 401,
+    whatever the server's mode. With no TRAINYARD_API_TOKEN, a request sending none acts as the admin only when
+    it comes from this machine (at_the_machine); anyone else gets 401. FastAPI computes it once per request,
+    so a route that asks for WhoDep gets the router's answer."""
+    if credentials is not None:
+        who = await known_principal(request, credentials.credentials.strip())
+    else:
+        # A stale or foreign sign-in cookie is no claim to anything: it counts as no token.
+        cookie = request.cookies.get(COOKIE, "")
+        who = await known_principal(request, cookie) if cookie else None
+        if who is None and not request.app.state.settings.api_token and at_the_machine(request):
+            return accounts.ADMIN
     if who is not None:
         return who
-    if not request.app.state.settings.api_token and not given.startswith(accounts.PREFIX):
-        return accounts.ADMIN
     raise HTTPException(401, "missing, wrong or revoked bearer token (Authorization: Bearer <your token>, or "
                              "$TRAINYARD_API_TOKEN)", headers={"WWW-Authenticate": "Bearer"})
+
+
+# Headers a proxy writes for the client it relays. A request carrying one came through a proxy: its loopback
+# peer is the proxy, not a person at this machine. (uvicorn also puts X-Forwarded-For's client in the peer's
+# place when the peer is 127.0.0.1, its default forwarded_allow_ips: then the peer is not loopback either.)
+FORWARDED = ("forwarded", "x-forwarded-for", "x-real-ip")
+
+
+def at_the_machine(request: Request) -> bool:
+    """Whether the request's own connection (its peer address, which the client cannot write) comes from this
+    machine's loopback, not relayed by a proxy. Host and the other headers the client writes decide nothing."""
+    peer = request.client.host if request.client else None
+    try:
+        ip = ipaddress.ip_address(peer or "")
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback and not any(h in request.headers for h in FORWARDED)
 
 
 async def require_admin(who: Annotated[Principal, Depends(require_token)]) -> Principal:

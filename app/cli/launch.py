@@ -41,12 +41,27 @@ def cmd_serve(args) -> int:
     settings = get_settings()
     _schema_ready(settings, "serve")
     host, port = args.host or settings.host, args.port or settings.port
+    settings = _guarded(settings, host)
     if args.workers > 1:  # each process builds its app from the same environment
         uvicorn.run("trainyard.app.api:create_app", factory=True, workers=args.workers,
                     fd=_listening_socket(host, port), log_level=args.log_level)
     else:
         uvicorn.run(create_app(settings), host=host, port=port, log_level=args.log_level)
     return 0
+
+
+def _guarded(settings, host: str):
+    """The settings to serve with: a server listening beyond loopback never runs open. With no
+    TRAINYARD_API_TOKEN it makes the admin token in its data directory (app/operator_token.py) and uses it."""
+    from trainyard.app import operator_token
+    if settings.api_token or operator_token.loopback(host):
+        return settings
+    token, made = operator_token.ensure(settings.data_dir)
+    where = operator_token.path(settings.data_dir).resolve()
+    print(f"trainyard serve: listening on {host} with no TRAINYARD_API_TOKEN, so every request needs the admin "
+          f"token {'made now and ' if made else ''}kept in {where} (readable by its owner only): send it as "
+          "'Authorization: Bearer <token>', or set TRAINYARD_API_TOKEN to a token of your own", file=sys.stderr)
+    return settings.model_copy(update={"api_token": token})
 
 
 def _listening_socket(host: str, port: int) -> int:
