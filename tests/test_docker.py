@@ -72,8 +72,10 @@ def merge(base, over):
     return over
 
 
-def interpolate(value: str) -> str:
-    """${VAR:-default} with no VAR set, as on a host without a .env."""
+def interpolate(value: str, given: dict[str, str] | None = None) -> str:
+    """${VAR:-default} with no VAR set, as on a host without a .env; ${VAR:?error} (a value compose demands)
+    from `given`, and a KeyError when it is not there, as compose refuses to start."""
+    value = re.sub(r"\$\{(\w+):\?[^}]*\}", lambda m: (given or {})[m.group(1)], value)
     return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
 
 
@@ -146,12 +148,24 @@ def test_compose_hosts_variant():
     c = merge(load(COMPOSE), load(COMPOSE_HOSTS))
     services = c["services"]
     api, worker = services["api"], services["worker"]
+    dot_env = {"TRAINYARD_DB_PASSWORD": "pw1", "TRAINYARD_S3_KEY": "key1", "TRAINYARD_S3_SECRET": "secret1"}
     for svc in (api, worker):
-        env = {k: interpolate(str(v)) for k, v in svc["environment"].items()}
-        assert env["TRAINYARD_DATABASE_URL"] == "postgresql+psycopg://trainyard:trainyard@postgres:5432/trainyard"
+        env = {k: interpolate(str(v), dot_env) for k, v in svc["environment"].items()}
+        assert env["TRAINYARD_DATABASE_URL"] == "postgresql+psycopg://trainyard:pw1@postgres:5432/trainyard"
         assert env["TRAINYARD_STORAGE_URL"] == "s3://trainyard/data"
         assert env["AWS_ENDPOINT_URL_S3"] == "http://minio:9000"
-        assert env["AWS_SECRET_ACCESS_KEY"] == interpolate(services["minio"]["environment"]["MINIO_ROOT_PASSWORD"])
+        assert env["AWS_SECRET_ACCESS_KEY"] == "secret1" == interpolate(
+            services["minio"]["environment"]["MINIO_ROOT_PASSWORD"], dot_env)
+        # No default password: without .env's, compose refuses to start (issue 37).
+        with pytest.raises(KeyError):
+            interpolate(str(svc["environment"]["TRAINYARD_DATABASE_URL"]))
+    for name in ("postgres", "minio"):
+        with pytest.raises(KeyError):
+            interpolate(str(services[name]["environment"]), {})
+        # The queue and the bucket are published on loopback only unless TRAINYARD_SHARE_ADDR names the hosts'
+        # private network: whoever reaches them with the passwords can read every job and mint tokens.
+        (port,) = services[name]["ports"]
+        assert interpolate(port).startswith("127.0.0.1:"), port
         Settings(storage_url=env["TRAINYARD_STORAGE_URL"])  # a URL trainyard takes
     # Inherited from docker-compose.yml: the API's port, the worker's GPUs and grace period.
     assert "TRAINYARD_ALLOWED_HOSTS" in api["environment"] and gpu_devices(worker)
