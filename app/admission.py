@@ -5,8 +5,8 @@ dataset it names, the plugins it needs (installed here or on a live worker), the
 prediction uses or a training starts from (init_from), the jobs it waits for (after; a model job still
 queued or running is waited for too, and a batch's "$N" names its earlier jobs), and the limits that
 keep one small request from costing the service gigabytes (parameters of the model, values a
-prediction returns), and the submitter's project's limits on queued jobs and stored bytes (app/quotas.py).
-The answer says what the job needs of the worker that will claim it.
+prediction returns). The submitter's project's limits on its jobs (app/quotas.py) are checked later, in the
+transaction that inserts them (app/submit.py). The answer says what the job needs of the worker that will claim it.
 """
 import json
 import math
@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 
-from trainyard.app import dependencies, fair_share, model_size, placement, quotas, uploads, visibility
+from trainyard.app import dependencies, fair_share, model_size, placement, uploads, visibility
 from trainyard.app import workers as registry
 from trainyard.app.accounts import Principal
 from trainyard.app.db import read
@@ -244,10 +244,7 @@ _WHAT = {"models": "architecture", "datasets": "dataset", "entrypoints": "entryp
 def admit(engine: Engine, settings: Settings, spec: TrainJob | PredictJob | RunJob, waits: bool = False,
           batch: list[TrainJob | PredictJob | RunJob] | None = None, who: Principal | None = None) -> Admitted:
     """waits: the job may wait for jobs (its submit; not a sweep's); batch: the batch's jobs before it; who: the
-    submitter, who sees only its project's jobs (None: the service itself). A job's own submit (waits, no batch) is
-    held to its project's queued_jobs and stored_bytes limits (app/quotas.py); a batch is, once, by admit_batch."""
-    if waits and batch is None:
-        quotas.check_submit(engine, who, 1)
+    submitter, who sees only its project's jobs (None: the service itself)."""
     check = Check(engine, settings, waits, batch, who)
     if isinstance(spec, TrainJob):
         return check.train(spec)
@@ -259,7 +256,6 @@ def admit(engine: Engine, settings: Settings, spec: TrainJob | PredictJob | RunJ
 def admit_batch(engine: Engine, settings: Settings, specs: list[TrainJob | PredictJob | RunJob],
                 who: Principal | None = None) -> list[Admitted]:
     """Each job of a batch (POST /jobs/batch); a field at fault is named within the list ([1, "model_job"])."""
-    quotas.check_submit(engine, who, len(specs))
     found = []
     for i, spec in enumerate(specs):
         try:

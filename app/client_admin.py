@@ -12,9 +12,10 @@ def _q(name: str) -> str:
 
 
 class Admin:
-    """client.admin: users(), add_user(name, admin=), projects(), add_project(name, share=, limits=),
-    set_project(name, share=, limits=), add_member(project, user), remove_member(project, user),
-    issue_token(user, project=, label=), revoke_token(id), audit(limit=, before=, action=, actor=)."""
+    """client.admin: users(), add_user(name, admin=), set_admin(name, admin), delete_user(name), projects(),
+    add_project(name, share=, limits=), set_project(name, share=, limits=), add_member(project, user),
+    remove_member(project, user), issue_token(user, project=, label=, expires_in_s=), revoke_token(id),
+    audit(limit=, before=, action=, actor=)."""
 
     def __init__(self, http: Http):
         self._http = http
@@ -26,12 +27,22 @@ class Admin:
     def add_user(self, name: str, admin: bool = False) -> User:
         return User(self._http.json("POST", "/admin/users", json={"name": name, "admin": admin}))
 
+    def set_admin(self, name: str, admin: bool) -> User:
+        """Grant (True) or take back (False) the user's admin rights; taken back, their tokens that name no project
+        are revoked."""
+        return User(self._http.json("PATCH", f"/admin/users/{_q(name)}", json={"admin": admin}))
+
+    def delete_user(self, name: str) -> dict[str, Any]:
+        """Delete the user: their tokens are refused from the next request on, their memberships go, their jobs
+        stay. What went: {"name", "projects", "tokens": [ids]}."""
+        return self._http.json("DELETE", f"/admin/users/{_q(name)}")
+
     def projects(self) -> list[Project]:
         return [Project(p) for p in self._http.json("GET", "/admin/projects")]
 
     def add_project(self, name: str, share: float = 1.0, limits: dict[str, Any] | None = None) -> Project:
-        """A new project; limits: devices, gpu_memory_gb, queued_jobs, running_sweeps, stored_bytes (stored now,
-        enforced by a later release)."""
+        """A new project; limits: devices, gpu_memory_gb, queued_jobs, running_sweeps, stored_bytes, max_priority
+        (docs/teams.md)."""
         body = {"name": name, "share": share, "limits": limits or {}}
         return Project(self._http.json("POST", "/admin/projects", json=body))
 
@@ -51,10 +62,12 @@ class Admin:
         """Take the user out of the project: their tokens for it are refused from the next request on."""
         return Project(self._http.json("DELETE", f"/admin/projects/{_q(project)}/members/{_q(user)}"))
 
-    def issue_token(self, user: str, project: str | None = None, label: str | None = None) -> IssuedToken:
-        """A new token for the user in the project (an admin's may name none): its `token` is shown only now."""
+    def issue_token(self, user: str, project: str | None = None, label: str | None = None,
+                    expires_in_s: int | None = None) -> IssuedToken:
+        """A new token for the user in the project (an admin's may name none), working for expires_in_s seconds
+        (None: until revoked): its `token` is shown only now, with its `expires_at`."""
         return IssuedToken(self._http.json("POST", f"/admin/users/{_q(user)}/tokens",
-                                           json={"project": project, "label": label}))
+                                           json={"project": project, "label": label, "expires_in_s": expires_in_s}))
 
     def revoke_token(self, id: int) -> None:
         """The token is refused from the next request on."""

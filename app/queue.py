@@ -12,7 +12,8 @@ from typing import Any
 from sqlalchemy import and_, case, delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 
-from trainyard.app import counters, placement, wakeup
+from trainyard.app import counters, placement, quotas, wakeup
+from trainyard.app.accounts import Principal
 from trainyard.app.db import db_now, jobs, metrics, read, workers, write
 from trainyard.app.errors import Conflict, NotFound
 from trainyard.app.records import Job
@@ -82,10 +83,15 @@ def _end(conn, row, final: str, error: dict):
     return new
 
 
-def retry(engine: Engine, job_id: int) -> Job:
+def retry(engine: Engine, job_id: int, who: Principal | None = None) -> Job:
     """Requeue a failed, cancelled or pruned job under the same id; it resumes from its last checkpoint (a pruned
-    trial runs to its end, outside its sweep's search)."""
+    trial runs to its end, outside its sweep's search). A submit again: held to who's project's limits (its
+    queued_jobs, its max_priority at the job's priority, its stored_bytes: app/quotas.py; who None: none)."""
     with write(engine) as conn:
+        held = quotas.hold(conn, who)  # before the job's row: the order every submit locks in
+        row = conn.execute(select(jobs.c.state, jobs.c.priority).where(jobs.c.id == job_id)).first()
+        if row is not None and row.state in (FAILED, CANCELLED, PRUNED):  # else the guard below says why not
+            quotas.admit(conn, held, [row.priority], by="retry")
         new = conn.execute(
             update(jobs).where(jobs.c.id == job_id, jobs.c.state.in_((FAILED, CANCELLED, PRUNED)))
             .values(state=QUEUED, attempt=0, finished_at=None, error=None, worker_id=None,

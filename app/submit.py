@@ -1,7 +1,9 @@
 """Submitting jobs: the INSERT of a queued job (alone, in a batch, or inside a sweep's transaction) with the jobs it
 waits for (app/dependencies.py), and the spec as stored.
 
-A job's later state changes are the queue's (app/queue.py); this module only adds new rows.
+A submit's project limits on its jobs (queued_jobs, max_priority, stored_bytes: app/quotas.py) are checked in the
+transaction that inserts them, the project held from the check to the commit. A job's later state changes are the
+queue's (app/queue.py); this module only adds new rows.
 """
 import hashlib
 from typing import Any
@@ -10,7 +12,8 @@ from sqlalchemy import insert, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError
 
-from trainyard.app import counters, dependencies, wakeup
+from trainyard.app import counters, dependencies, quotas, wakeup
+from trainyard.app.accounts import Principal
 from trainyard.app.db import db_now, jobs, read, write
 from trainyard.app.errors import Conflict
 from trainyard.app.records import Job
@@ -23,17 +26,21 @@ KEY_CHARS = 200  # the idempotency_key column's length (app/tables.py)
 
 def enqueue(engine: Engine, spec: TrainJob | PredictJob | RunJob, idempotency_key: str | None = None,
             parameters: int | None = None, needs: dict[str, str] | None = None,
-            project_id: int | None = None, owner: str | None = None) -> tuple[Job, bool]:
-    """Insert a queued job, in the project and owned by the user given. Returns (job, created); the same
-    idempotency key and body in the same project give the same job (in another project, another job)."""
+            project_id: int | None = None, owner: str | None = None,
+            who: Principal | None = None) -> tuple[Job, bool]:
+    """Insert a queued job, in the project and owned by the user given, within who's project's limits (who: the
+    submitter; None: none). Returns (job, created); the same idempotency key and body in the same project give
+    the same job (in another project, another job), whatever the limits say now."""
     body = stored_spec(spec)
     key = None if idempotency_key is None else scoped_key(project_id, idempotency_key)
     try:
         with write(engine) as conn:
+            held = quotas.hold(conn, who)  # first: a submit of the same key that went before has committed
             if key is not None:
                 existing = conn.execute(select(jobs).where(jobs.c.idempotency_key == key)).first()
                 if existing is not None:
                     return _same_key(existing, body), False
+            quotas.admit(conn, held, [spec.priority])
             return insert_job(conn, spec, key, parameters, needs, body=body, project_id=project_id,
                               owner=owner), True
     except IntegrityError:
@@ -47,11 +54,12 @@ def enqueue(engine: Engine, spec: TrainJob | PredictJob | RunJob, idempotency_ke
 
 def enqueue_many(engine: Engine, specs: list[TrainJob | PredictJob | RunJob],
                  admitted: list[tuple[int | None, dict[str, str]]], project_id: int | None = None,
-                 owner: str | None = None) -> list[Job]:
-    """Insert a batch's jobs in one transaction, in order, each "$N" replaced by the id job N got;
-    admitted: each job's (parameters, needs)."""
+                 owner: str | None = None, who: Principal | None = None) -> list[Job]:
+    """Insert a batch's jobs in one transaction, in order, each "$N" replaced by the id job N got, within who's
+    project's limits (who: the submitter; None: none); admitted: each job's (parameters, needs)."""
     created: list[Job] = []
     with write(engine) as conn:
+        quotas.admit(conn, quotas.hold(conn, who), [spec.priority for spec in specs], by="batch")
         for spec, (parameters, needs) in zip(specs, admitted, strict=True):
             resolved = dependencies.resolve(spec, [job.id for job in created])
             created.append(insert_job(conn, resolved, parameters=parameters, needs=needs, project_id=project_id,

@@ -1,14 +1,18 @@
-"""Whether a sweep can run, checked before it is stored (each path a field of the base job, ranges only on
-numbers, every value it may try one the job spec and the fleet accept), and the job each trial runs."""
+"""Whether a sweep can run, checked before it is stored (within the caps on running sweeps, each path a field of
+the base job, ranges only on numbers, every value it may try one the job spec and the fleet accept), and the job
+each trial runs."""
 import json
+import math
 from typing import Any
 
 from pydantic import ValidationError
+from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 
 from trainyard.app import admission, quotas
 from trainyard.app.accounts import Principal
-from trainyard.app.errors import Invalid
+from trainyard.app.db import read, sweeps
+from trainyard.app.errors import Conflict, Invalid
 from trainyard.app.settings import Settings
 from trainyard.app.spec import (
     INTEGER,
@@ -25,6 +29,7 @@ from trainyard.app.spec import (
     job_spec_adapter,
     with_params,
 )
+from trainyard.app.states import SweepState
 
 # Choice values each checked by the job spec at submit; the workers' admission runs on the first few of
 # each parameter, and on at most ADMIT_CALLS in all (each looks the installed plugins up: tens of ms).
@@ -36,8 +41,11 @@ def admit(engine: Engine, settings: Settings, spec: SweepSpec, who: Principal | 
     """Refuse a sweep that cannot run (Invalid), naming the field: each path must be a field of the base job,
     ranges only on numbers, and every value checked, and the base job itself, must make a job the spec and
     the fleet accept, as `who` submits it (a model job or an upload of another project does not exist); and within
-    who's project's running_sweeps and stored_bytes limits (Conflict: app/quotas.py)."""
-    quotas.check_sweep(engine, who)
+    who's project's running_sweeps and stored_bytes limits (Conflict: app/quotas.py) and the server's caps on
+    running sweeps (Conflict: check_running), and the highest priority its trials may run at within its
+    max_priority (Invalid)."""
+    quotas.check_sweep(engine, who, highest_priority(spec))
+    check_running(engine, settings, who)
     _admit_choices(spec)
     kind, base = spec.job.kind, spec.job.model_dump(mode="json")
     admitted = min(ADMIT_VALUES, max(1, ADMIT_CALLS // len(spec.parameters)))  # values per parameter
@@ -62,6 +70,44 @@ def admit(engine: Engine, settings: Settings, spec: SweepSpec, who: Principal | 
         admission.admit(engine, settings, spec.job, who=who)
     except Invalid as e:
         raise Invalid(str(e), loc=("job", *(e.loc or ()))) from None
+
+
+def check_running(engine: Engine, settings: Settings, who: Principal | None) -> None:
+    """Refuse a sweep (Conflict) while who's project runs its part of TRAINYARD_MAX_RUNNING_SWEEPS (a member's;
+    Settings.per_project), then while the server runs the whole cap. A member is told their project's count
+    only; admins and requests in no project meet the cap itself and are told the server's."""
+    project = who.project_id if who is not None and not who.admin else None
+    running = sweeps.c.state == SweepState.RUNNING.value
+    with read(engine) as conn:
+        total = conn.execute(select(func.count()).select_from(sweeps).where(running)).scalar_one()
+        own = 0 if project is None else conn.execute(
+            select(func.count()).select_from(sweeps).where(running, sweeps.c.project_id == project)).scalar_one()
+    if project is None:
+        if total >= settings.max_running_sweeps:
+            raise Conflict(f"{total} sweeps are running, the limit (TRAINYARD_MAX_RUNNING_SWEEPS); wait for one to "
+                           "end, or cancel one")
+        return
+    assert who is not None
+    share = settings.per_project("max_running_sweeps")
+    if own >= share:
+        raise Conflict(f"project {who.project} has {own} running sweep{'s' if own != 1 else ''}, its part of the "
+                       f"server's cap of running sweeps: {share} (TRAINYARD_MAX_RUNNING_SWEEPS_PER_PROJECT); wait "
+                       "for one to end, or cancel one")
+    if total >= settings.max_running_sweeps:
+        # Said without the count: how much other projects run is theirs.
+        raise Conflict("the server runs as many sweeps as it allows (TRAINYARD_MAX_RUNNING_SWEEPS); try again "
+                       "when one has ended")
+
+
+def highest_priority(spec: SweepSpec) -> tuple[float, tuple[str, ...]]:
+    """The highest priority a trial may run at, and the field that sets it: the job's, or its `priority`
+    parameter's highest value (values that are no priority at all are refused later, by the job spec)."""
+    p = spec.parameters.get("priority")
+    if p is None:
+        return spec.job.priority, ("job", "priority")
+    values = p.values if isinstance(p, ChoiceParam) else [p.high]
+    numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)]
+    return max(numbers, default=spec.job.priority), ("parameters", "priority")
 
 
 def _admit_choices(spec: SweepSpec) -> None:

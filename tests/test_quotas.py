@@ -1,6 +1,6 @@
 """A project's limits at submit (app/quotas.py) and its stored bytes as the collector measures them
 (app/project_storage.py), on both databases: past queued_jobs, running_sweeps or stored_bytes a submit is
-refused (409) naming the limit, through the paths that submit (admission of a job and a batch, a sweep's,
+refused (409) naming the limit, through the paths that submit (the insert of a job and a batch, a retry, a sweep's,
 an upload's); a sweep's trials, other projects, admins and requests of no project are not held back; each kept
 object counts for its job's or its upload's project. Over HTTP with the real server and a worker (slow): ann's
 third queued job is refused, her job that started frees its place, and a project over stored_bytes is refused
@@ -15,13 +15,13 @@ from sqlalchemy import delete, insert, select, update
 from tests.conftest import tiny_job
 from tests.service import TERMINAL, Service
 from tests.teams import make_team
-from trainyard.app import accounts, admission, collector, project_storage, queue, quotas, sweep_admission
+from trainyard.app import accounts, collector, project_storage, queue, quotas, sweep_admission
 from trainyard.app.accounts import ADMIN, Principal
 from trainyard.app.db import jobs, project_usage, read, sweeps, write
 from trainyard.app.errors import Conflict
 from trainyard.app.settings import Settings
 from trainyard.app.spec import SweepSpec, parse_spec
-from trainyard.app.submit import enqueue
+from trainyard.app.submit import enqueue, enqueue_many
 
 GRID = {"job": tiny_job(epochs=1), "method": "grid", "max_concurrent": 1, "metric": "val_loss",
         "parameters": {"train.lr": {"type": "choice", "values": [0.01]}}}
@@ -46,33 +46,39 @@ def refused(call, *args) -> str:
     return str(e.value)
 
 
-def test_a_project_holding_its_queued_jobs_is_refused_more(engine, tmp_path):
-    ann, ben = team(engine, queued_jobs=2)
+def submits(engine, who: Principal | None, n: int = 1, key: str | None = None) -> list[int]:
+    """n queued jobs submitted as who: through the path of POST /jobs (one), or of POST /jobs/batch."""
     spec = parse_spec(tiny_job())
-    first = enqueue(engine, spec, project_id=ann.project_id, owner="ann")[0].id
-    quotas.check_submit(engine, ann, 1)
-    assert refused(quotas.check_submit, engine, ann, 3) == (
+    project, owner = (who.project_id, who.user) if who else (None, None)
+    if n == 1:
+        return [enqueue(engine, spec, key, project_id=project, owner=owner, who=who)[0].id]
+    return [j.id for j in enqueue_many(engine, [spec] * n, [(None, {})] * n, project, owner, who)]
+
+
+def test_a_project_holding_its_queued_jobs_is_refused_more(engine):
+    ann, ben = team(engine, queued_jobs=2)
+    first = submits(engine, ann, key="k")[0]
+    assert refused(submits, engine, ann, 3) == (
         "project alpha holds 1 queued job: these 3 would pass its limit of 2 (queued_jobs); submit at most 1, "
         "wait for some to start, or ask an admin")
-    enqueue(engine, spec, project_id=ann.project_id, owner="ann")
-    assert refused(quotas.check_submit, engine, ann, 1) == (
+    submits(engine, ann)
+    assert refused(submits, engine, ann) == (
         "project alpha holds 2 queued jobs, its limit (queued_jobs); wait for some to start, or ask an admin")
+    assert refused(submits, engine, ann, 2).startswith("project alpha holds 2 queued jobs, its limit")
+    assert submits(engine, ann, key="k") == [first]  # a submit repeated under its key made nothing: not refused
     accounts.set_project(engine, "alpha", limits={"queued_jobs": 1})  # lowered below what it holds
-    assert refused(quotas.check_submit, engine, ann, 1).startswith(
-        "project alpha holds 2 queued jobs, over its limit of 1 (queued_jobs)")
+    assert refused(submits, engine, ann).startswith("project alpha holds 2 queued jobs, over its limit of 1")
     accounts.set_project(engine, "alpha", limits={"queued_jobs": 2})
-    for anyone in (ben, ADMIN, None, Principal("ada", True, ann.project_id, "alpha"), Principal("x", False)):
-        quotas.check_submit(engine, anyone, 5)
-    # The submit paths: a job's and a batch's admission refuse it; a sweep trial's does not count it.
-    settings = make_settings(tmp_path, engine)
-    assert "its limit (queued_jobs)" in refused(admission.admit, engine, settings, spec, True, None, ann)
-    assert "its limit (queued_jobs)" in refused(admission.admit_batch, engine, settings, [spec], ann)
-    admission.admit(engine, settings, spec, who=ann)
-    admission.admit(engine, settings, spec, waits=True, who=ben)
+    # A retry is a submit: the cancelled job does not come back while the project holds its limit.
+    cancelled = queue.cancel(engine, first).id
+    submits(engine, ann)
+    assert refused(queue.retry, engine, cancelled, ann).startswith("project alpha holds 2 queued jobs, its limit")
     # A job that starts no longer holds a place in the queue.
-    assert queue.claim(engine, "w1", "cpu", 30).id == first
-    quotas.check_submit(engine, ann, 1)
-    admission.admit_batch(engine, settings, [spec], ann)
+    assert queue.claim(engine, "w1", "cpu", 30) is not None
+    assert queue.retry(engine, cancelled, ann).state == "queued"
+    assert refused(submits, engine, ann).startswith("project alpha holds 2 queued jobs, its limit")
+    for anyone in (ben, ADMIN, None, Principal("ada", True, ann.project_id, "alpha"), Principal("x", False)):
+        submits(engine, anyone, 3)
 
 
 def test_a_project_with_its_running_sweeps_is_refused_another(engine, tmp_path):
@@ -103,10 +109,11 @@ def test_a_project_storing_its_limit_is_refused_jobs_sweeps_and_uploads(engine):
         "project alpha stores 1,000 bytes as last measured, at or over its limit of 1,000 bytes (stored_bytes); "
         "delete jobs, sweeps or datasets it no longer needs (the collector measures again at its next pass), "
         "or ask an admin")
-    assert "(stored_bytes)" in refused(quotas.check_submit, engine, ann, 1)
+    assert "(stored_bytes)" in refused(submits, engine, ann)
+    assert "(stored_bytes)" in refused(submits, engine, ann, 2)
     assert "(stored_bytes)" in refused(quotas.check_sweep, engine, ann)
     for anyone in (ben, ADMIN):
-        quotas.check_submit(engine, anyone, 1)
+        submits(engine, anyone)
     with write(engine) as conn:
         project_storage.record(conn, {ann.project_id: (999, 2)})
     quotas.check_storage(engine, ann)

@@ -1,6 +1,8 @@
-"""Client commands about accounts, for admins: `users` (list, add, token, revoke), `projects` (list, add, set,
-member-add, member-remove) and `audit`; and `whoami`, for anyone: who the token acts as."""
+"""Client commands about accounts, for admins: `users` (list, add, set, delete, token, revoke), `projects` (list,
+add, set, member-add, member-remove) and `audit`; and `whoami`, for anyone: who the token acts as."""
+import argparse
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -10,7 +12,9 @@ from trainyard.app.cli.calls import LocalError
 from trainyard.app.cli.output import console, show, shown
 from trainyard.app.client import Client
 
-LIMIT_KEYS = "devices, gpu_memory_gb, queued_jobs, running_sweeps, stored_bytes"
+LIMIT_KEYS = "devices, gpu_memory_gb, queued_jobs, running_sweeps, stored_bytes, max_priority"
+DURATION = re.compile(r"(\d+)([smhd]?)")
+UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def add_admin_commands(add, options: Callable[[Any], None]) -> None:
@@ -27,15 +31,24 @@ def add_admin_commands(add, options: Callable[[Any], None]) -> None:
             return sp
         return leaf
 
-    users = group("users", "users and their tokens (admins)", "list | add NAME | token NAME | revoke TOKEN_ID")
+    users = group("users", "users and their tokens (admins)",
+                  "list | add NAME | set NAME | delete NAME | token NAME | revoke TOKEN_ID")
     users("list", cmd_users, "list users, their projects and live tokens")
     ua = users("add", cmd_user_add, "add a user (in no project yet: `projects member-add`)")
     ua.add_argument("name", help="the user's name (lowercase letters, digits, '_', '.', '-')")
     ua.add_argument("--admin", action="store_true", help="an admin: sees and acts on every project, and accounts")
+    us = users("set", cmd_user_set, "grant (--admin) or take back (--no-admin) a user's admin rights")
+    us.add_argument("name", help="the user's name")
+    us.add_argument("--admin", action=argparse.BooleanOptionalAction, required=True,
+                    help="--no-admin also revokes their tokens that name no project")
+    users("delete", cmd_user_delete, "delete a user: their tokens are refused at once, their memberships go, "
+                                     "their jobs stay").add_argument("name", help="the user's name")
     ut = users("token", cmd_token, "issue a token for a user; it is shown once")
     ut.add_argument("name", help="the user's name")
     ut.add_argument("--project", help="the project its requests act in (required but for an admin's token)")
     ut.add_argument("--label", help="a note of where it is used")
+    ut.add_argument("--expires", type=duration, metavar="DURATION",
+                    help="it stops working after this long: 30d, 12h, 45m, or seconds (default: when revoked)")
     users("revoke", cmd_revoke, "revoke a token: it is refused from the next request on").add_argument(
         "token_id", type=int, help="the token's id, as `users list` shows it")
 
@@ -81,6 +94,14 @@ def limits(pairs: list[str]) -> dict[str, Any] | None:
     return out
 
 
+def duration(text: str) -> int:
+    """--expires: a whole number of seconds, or of minutes, hours or days (45m, 12h, 30d)."""
+    found = DURATION.fullmatch(text.strip().lower())
+    if found is None or int(found[1]) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration such as 30d, 12h, 45m or 3600 (seconds)")
+    return int(found[1]) * UNIT_S[found[2]]
+
+
 def cmd_users(client: Client, args) -> int:
     show(client.admin.users(), args.json, users_table)
     return 0
@@ -91,12 +112,27 @@ def cmd_user_add(client: Client, args) -> int:
     return 0
 
 
+def cmd_user_set(client: Client, args) -> int:
+    show(client.admin.set_admin(args.name, args.admin), args.json, lambda u: users_table([u]))
+    return 0
+
+
+def cmd_user_delete(client: Client, args) -> int:
+    def render(gone: dict) -> None:
+        tokens = ", ".join(str(t) for t in gone["tokens"]) or "none"
+        console.print(f"user {shown(gone['name'])} deleted; out of {shown(', '.join(gone['projects']) or 'no project')}"
+                      f"; tokens refused from now on: {tokens}")
+    show(client.admin.delete_user(args.name), args.json, render)
+    return 0
+
+
 def cmd_token(client: Client, args) -> int:
     def render(t: dict) -> None:
         where = f"in project {t['project']}" if t["project"] else "across all projects"
-        console.print(f"token {t['id']} for {shown(t['user'])} {shown(where)}; it is shown only now, keep it:")
+        until = f", until {t['expires_at'][:19].replace('T', ' ')} UTC" if t.get("expires_at") else ""
+        console.print(f"token {t['id']} for {shown(t['user'])} {shown(where)}{until}; it is shown only now, keep it:")
         print(t["token"])
-    show(client.admin.issue_token(args.name, args.project, args.label), args.json, render)
+    show(client.admin.issue_token(args.name, args.project, args.label, args.expires), args.json, render)
     return 0
 
 
@@ -149,9 +185,11 @@ def cmd_whoami(client: Client, args) -> int:
 
 
 def users_table(users: list) -> None:
-    t = Table("id", "name", "admin", "projects", "tokens (id label @project)")
+    t = Table("id", "name", "admin", "projects", "tokens (id label @project, until UTC)")
     for u in users:
-        tokens = ", ".join(f"{k['id']} {k['label'] or '-'} @{k['project'] or '*'}" for k in u.get("tokens") or [])
+        tokens = ", ".join(f"{k['id']} {k['label'] or '-'} @{k['project'] or '*'}"
+                           + (f" until {k['expires_at'][:16].replace('T', ' ')}" if k.get("expires_at") else "")
+                           for k in u.get("tokens") or [])
         t.add_row(str(u["id"]), shown(u["name"]), "yes" if u["admin"] else "", shown(", ".join(u["projects"])),
                   shown(tokens or "-"))
     console.print(t)

@@ -21,7 +21,9 @@ from trainyard.app.api.schemas_admin import (
     TokenCreate,
     TokenIssued,
     UserCreate,
+    UserDeleted,
     UserPublic,
+    UserUpdate,
 )
 from trainyard.app.spec import MAX_ID
 
@@ -61,6 +63,30 @@ def add_user(body: UserCreate, request: Request, engine: EngineDep, who: AdminDe
     return made
 
 
+NOT_ROOT_OR_SELF = responses(not_found="no such user",
+                             conflict="the user is `admin` (TRAINYARD_API_TOKEN's) or the admin asking")
+
+
+@router.patch("/users/{name}", response_model=UserPublic, operation_id="update_user", responses=NOT_ROOT_OR_SELF)
+def update_user(name: UserName, body: UserUpdate, request: Request, engine: EngineDep, who: AdminDep) -> dict:
+    """Grant (admin: true) or take back (false) a user's admin rights. Taken back, their tokens that name no
+    project are revoked (with their dashboard sessions); a token of a project they are a member of acts in it as
+    a member's from the next request on, and their other tokens are refused. Not of `admin`, nor of yourself."""
+    changed = accounts.set_admin(engine, name, body.admin, who.user)
+    _record(request, who, "user_set", f"user {name}", changed)
+    return accounts.get_user(engine, name)
+
+
+@router.delete("/users/{name}", response_model=UserDeleted, operation_id="delete_user", responses=NOT_ROOT_OR_SELF)
+def delete_user(name: UserName, request: Request, engine: EngineDep, who: AdminDep) -> dict:
+    """Delete a user: their tokens are refused from the next request on (their dashboard sessions end), their
+    memberships go. Their jobs, sweeps and datasets stay in their projects, `owner` still their name; the name may
+    be given to a new user. Not `admin`, nor yourself."""
+    gone = accounts.delete_user(engine, name, who.user)
+    _record(request, who, "user_delete", f"user {name}", gone)
+    return {"name": name, **gone}
+
+
 @router.get("/projects", response_model=list[ProjectPublic], operation_id="list_projects")
 def list_projects(engine: EngineDep) -> list[dict]:
     """Every project, with what its files held in the store at the collector's last pass (stored_bytes)."""
@@ -72,7 +98,8 @@ def list_projects(engine: EngineDep) -> list[dict]:
              responses=responses(conflict="a project of that name exists"))
 def add_project(body: ProjectCreate, request: Request, engine: EngineDep, who: AdminDep) -> dict:
     """A new project, with its share of the fleet and its limits (devices, gpu_memory_gb, queued_jobs,
-    running_sweeps, stored_bytes): a job over one waits or is refused at submit, never fails (docs/teams.md)."""
+    running_sweeps, stored_bytes, max_priority): a job over one waits or is refused at submit, never fails
+    (docs/teams.md)."""
     limits = body.limits.model_dump(exclude_none=True)
     made = accounts.add_project(engine, body.name, body.share, limits)
     _record(request, who, "project_add", f"project {body.name}", {"share": body.share, "limits": limits})
@@ -118,17 +145,18 @@ def remove_member(name: ProjectName, user: UserName, request: Request, engine: E
              responses={**NO_USER_OR_PROJECT, **responses(conflict="the user is not in that project")})
 def issue_token(name: UserName, body: TokenCreate, request: Request, engine: EngineDep, who: AdminDep) -> dict:
     """A new token for the user, acting in the project (an admin's may name none). The token is in this answer
-    only: the server keeps its digest. It works at once, until DELETE /admin/tokens/{id}."""
-    made = accounts.issue_token(engine, name, body.project, body.label)
+    only: the server keeps its digest. It works at once, until DELETE /admin/tokens/{id} or, given expires_in_s,
+    until then (expires_at)."""
+    made = accounts.issue_token(engine, name, body.project, body.label, body.expires_in_s)
     _record(request, who, "token_issue", f"token {made['id']}",
-            {"user": name, "project": body.project, "label": body.label})
+            {"user": name, "project": body.project, "label": body.label, "expires_at": made["expires_at"]})
     return made
 
 
 @router.delete("/tokens/{token_id}", status_code=204, response_class=Response, operation_id="revoke_token",
                responses=responses(not_found="no live token of that id"))
 def revoke_token(token_id: TokenId, request: Request, engine: EngineDep, who: AdminDep) -> Response:
-    """Revoke a token: it is refused (401) from the next request on."""
+    """Revoke a token: it is refused (401) from the next request on, and the dashboard sessions it signed in end."""
     accounts.revoke_token(engine, token_id)
     _record(request, who, "token_revoke", f"token {token_id}")
     return Response(status_code=204)

@@ -52,18 +52,19 @@ async def submit_job(spec: Annotated[JobSpec, Body(openapi_examples=EXAMPLES)], 
                      idempotency_key: Annotated[str | None, Header(max_length=200, description=(
                          "a retried submit with the same key and body answers the first one's job (within the "
                          "project: another project's same key makes its own)"))] = None) -> Response:
-    job, created = await run_in_threadpool(_submit, engine, settings, spec, idempotency_key, who,
-                                           client_address(request))
-    return as_json(job_fields(job, None), 201 if created else 200)
+    job, created, waiting = await run_in_threadpool(_submit, engine, settings, spec, idempotency_key, who,
+                                                    client_address(request))
+    return as_json(job_fields(job, waiting), 201 if created else 200)
 
 
 def _submit(engine, settings, spec, idempotency_key, who: Principal, client: str | None):
     admitted = admission.admit(engine, settings, spec, waits=True, who=who)
     job, created = submit.enqueue(engine, spec, idempotency_key, admitted.parameters, admitted.needs,
-                                  project_id=who.project_id, owner=who.user)
+                                  project_id=who.project_id, owner=who.user, who=who)
     if created:  # a retry answered with the job it made changed nothing
         audit.record(engine, who, "submit", f"job {job.id}", client, {"kind": job.kind})
-    return job, created
+    # Answered as GET /jobs/{id} would answer it now: a job that waits on another says so from the start.
+    return job, created, admission.why_waiting(engine, settings, [job]).get(job.id)
 
 
 @router.post("/batch", status_code=201, response_model=list[JobPublic], operation_id="submit_jobs",
@@ -73,18 +74,18 @@ async def submit_jobs(specs: Annotated[JobBatch, Body(openapi_examples=BATCH_EXA
     """Several jobs at once, inserted in one transaction (all or none) and answered in order: a pipeline. A
     job may name an earlier job of the batch as "$N" (its position) in after, model_job or init_from, and waits
     for it as for any job it names."""
-    created = await run_in_threadpool(_submit_batch, engine, settings, specs, who, client_address(request))
-    return as_json([job_fields(job, None) for job in created], 201)
+    created, waiting = await run_in_threadpool(_submit_batch, engine, settings, specs, who, client_address(request))
+    return as_json([job_fields(job, waiting.get(job.id)) for job in created], 201)
 
 
 def _submit_batch(engine, settings, specs, who: Principal, client: str | None):
     admitted = admission.admit_batch(engine, settings, specs, who)
     created = submit.enqueue_many(engine, specs, [(a.parameters, a.needs) for a in admitted],
-                                  project_id=who.project_id, owner=who.user)
+                                  project_id=who.project_id, owner=who.user, who=who)
     batch = [job.id for job in created]
     for job in created:  # one record a job, each naming its batch
         audit.record(engine, who, "submit", f"job {job.id}", client, {"kind": job.kind, "batch": batch})
-    return created
+    return created, admission.why_waiting(engine, settings, created)
 
 
 @router.get("", response_model=JobsPublic, operation_id="list_jobs")
@@ -150,10 +151,11 @@ def cancel_job(job_id: JobId, engine: EngineDep, who: WhoDep, request: Request) 
 
 
 @router.post("/{job_id}/retry", response_model=JobPublic, operation_id="retry_job",
-             responses={**NOT_FOUND, **responses(conflict="only failed, cancelled or pruned jobs can be retried")})
+             responses={**NOT_FOUND, **responses(conflict="only failed, cancelled or pruned jobs can be retried, "
+                                                          "within the project's queued_jobs and stored_bytes")})
 def retry_job(job_id: JobId, engine: EngineDep, who: WhoDep, request: Request) -> Response:
     visibility.job_for(engine, who, job_id)
-    job = queue.retry(engine, job_id)
+    job = queue.retry(engine, job_id, who)  # a submit again: held to who's project's limits
     _record(engine, who, request, "retry", job_id)
     return as_json(job_fields(job, None))
 
