@@ -82,10 +82,12 @@ class Worker(Record):
 
 class StorageUsage(Record):
     """GET /storage: what the store holds, {kind: {"bytes", "objects"}}, as measured at measured_at (None
-    before the collector's first pass), and the retention rules (durations in seconds, 0 keeps for ever)."""
+    before the collector's first pass), and the retention rules (durations in seconds, 0 keeps for ever). A
+    member is shown their project's {"name", "bytes", "objects"} (project) instead: store None, kinds empty."""
     __slots__ = ()
-    store = Field[str]("store")
+    store = Field[str | None]("store")
     kinds = Field[dict[str, dict[str, int]]]("kinds")
+    project = Field[dict[str, Any] | None]("project")
     measured_at = Field[str | None]("measured_at")
     rules = Field[dict[str, Any]]("rules")
 
@@ -127,6 +129,7 @@ class IssuedToken(Record):
     token = Field[str]("token")
     user = Field[str]("user")
     project = Field[str | None]("project")
+    expires_at = Field[str | None]("expires_at")  # ISO 8601; None: until revoked
 
 
 class AuditEntry(Record):

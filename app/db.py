@@ -26,6 +26,7 @@ from trainyard.app.tables import (  # noqa: F401 (re-exported: the tables are im
     metrics,
     project_usage,
     projects,
+    sessions,
     storage_usage,
     sweep_log,
     sweeps,

@@ -226,6 +226,21 @@ tokens = Table(
     Column("label", String(200)),
     Column("created_at", Float, nullable=False),
     Column("revoked_at", Float),
+    # When it stops working (database clock, epoch seconds); NULL: never, until revoked.
+    Column("expires_at", Float),
+    sqlite_autoincrement=True,
+)
+
+# The dashboard's sign-ins (app/sessions.py): the browser's cookie holds a session's id, kept here as its SHA-256
+# only. token_digest is the digest of the token it signed in with (a tokens row's, or TRAINYARD_API_TOKEN's): that
+# token is checked afresh on every request, so revoking it, its expiry or its user's deletion ends the session.
+sessions = Table(
+    "sessions", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("digest", String(64), nullable=False, unique=True),
+    Column("token_digest", String(64), nullable=False, index=True),
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
     sqlite_autoincrement=True,
 )
 

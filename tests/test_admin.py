@@ -31,6 +31,7 @@ ADMIN_ROUTES = [("GET", "/admin/users", None), ("POST", "/admin/users", {"name":
                 ("DELETE", "/admin/projects/alpha/members/ann", None),
                 ("POST", "/admin/users/ben/tokens", {"project": "alpha"}), ("DELETE", "/admin/tokens/1", None),
                 ("GET", "/admin/audit", None), ("POST", "/workers/any/drain", None),
+                ("PATCH", "/admin/users/ann", {"admin": True}), ("DELETE", "/admin/users/ben", None),
                 ("POST", "/workers/any/undrain", None), ("POST", "/storage/collect", None)]
 
 

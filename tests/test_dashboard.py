@@ -128,6 +128,22 @@ def test_job_reaches_succeeded_and_its_page_plots_every_epoch(live, watched, tmp
 
 
 
+def test_a_keep_best_jobs_page_says_which_epoch_its_summary_and_its_result_are(live, watched):
+    """keep: best: the summary shows the last epoch's losses, the result the kept epoch's; the page says which."""
+    job = live.wait_state(live.submit(tiny_job(epochs=3))["id"])
+    assert job["state"] == "succeeded"
+    shown = {**job, "latest_metrics": {**job["latest_metrics"], "epoch": 3, "val_loss": 0.61},
+             "result": {**job["result"], "kept": "best", "kept_epoch": 2, "val_loss": 0.42}}
+    page = watched.page
+    page.route(f"**/jobs/{job['id']}", lambda route: route.fulfill(json=shown))
+    page.goto(f"{live.url}/#/jobs/{job['id']}")
+    kept = page.get_by_test_id("job-result-kept")
+    expect(kept).to_contain_text("epoch 2's, the best evaluated (keep: best)")
+    expect(kept).to_contain_text("the last epoch, 3")
+    expect(page.get_by_test_id("job-facts")).to_contain_text("val loss (last epoch, 3)")
+    expect(page.get_by_test_id("job-result")).to_contain_text("0.42")
+    assert watched.errors == []
+
 def test_a_run_job_has_its_entrypoint_curves_and_own_metric_names(live, watched):
     """A `run` job (the example plugin's cifar_loop) on the page like any other; metrics an entrypoint
     names itself ("loss", "top5_accuracy") get series of their own."""
@@ -325,7 +341,8 @@ def test_the_page_signs_in_with_a_cookie_and_its_script_never_sends_the_token(br
         expect(token).to_be_hidden()
         listed = [r for r in w.requests if r.url.endswith("/jobs?limit=100&include=result")]
         assert "authorization" not in listed[-1].all_headers()
-        assert "trainyard_token=dash-s3cret" in listed[-1].all_headers()["cookie"]
+        cookie = listed[-1].all_headers()["cookie"]  # a session of its own (app/sessions.py), not the token
+        assert "trainyard_token=tys_" in cookie and "dash-s3cret" not in cookie
         assert "dash-s3cret" not in page.evaluate("document.cookie + JSON.stringify(Object.entries(localStorage))")
 
         page.reload()  # the cookie outlives the page

@@ -43,6 +43,7 @@ OPERATIONS = {
     ("delete", "/admin/projects/{name}/members/{user}"): "remove_member",
     ("post", "/admin/users/{name}/tokens"): "issue_token", ("delete", "/admin/tokens/{token_id}"): "revoke_token",
     ("get", "/admin/audit"): "list_audit",
+    ("patch", "/admin/users/{name}"): "update_user", ("delete", "/admin/users/{name}"): "delete_user",
 }
 ERROR = {"$ref": "#/components/schemas/ErrorPublic"}
 

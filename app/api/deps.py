@@ -8,7 +8,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.engine import Engine
 
-from trainyard.app import accounts
+from trainyard.app import accounts, sessions
 from trainyard.app.accounts import Principal
 from trainyard.app.api.reads import LoopReader
 from trainyard.app.settings import Settings
@@ -28,8 +28,8 @@ async def get_reader(request: Request) -> LoopReader:
     return request.app.state.reader
 
 
-# The dashboard's session: the token it signed in with, in an HttpOnly cookie its script cannot read
-# (app/api/routes/dashboard.py sets it). Read only when no Authorization header is sent.
+# The dashboard's session: its id (app/sessions.py; never the token it signed in with), in an HttpOnly cookie its
+# script cannot read (app/api/routes/dashboard.py sets it). Read only when no Authorization header is sent.
 COOKIE = "trainyard_token"
 # Declared as an OpenAPI security scheme: /docs gets an Authorize button, generated clients a token.
 bearer = HTTPBearer(auto_error=False, description="a user's token (tyk_...), or TRAINYARD_API_TOKEN, the admin's")
@@ -46,6 +46,17 @@ async def known_principal(request: Request, token: str) -> Principal | None:
     return None
 
 
+async def cookie_principal(request: Request) -> Principal | None:
+    """Whom the request's sign-in cookie acts as: its session's token's principal while both hold (one fresh read
+    through the loop reader); None without a cookie, or for one no longer good."""
+    session = request.cookies.get(COOKIE, "")
+    if not session:
+        return None
+    configured = request.app.state.settings.api_token
+    root = accounts.digest(configured) if configured else None
+    return await request.app.state.reader.run(lambda engine: sessions.principal(engine, session, root))
+
+
 async def require_token(request: Request,
                         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
     """Who the request acts as (app/accounts.py): the token's principal. A token sent and not known is a 401,
@@ -56,8 +67,7 @@ async def require_token(request: Request,
         who = await known_principal(request, credentials.credentials.strip())
     else:
         # A stale or foreign sign-in cookie is no claim to anything: it counts as no token.
-        cookie = request.cookies.get(COOKIE, "")
-        who = await known_principal(request, cookie) if cookie else None
+        who = await cookie_principal(request)
         if who is None and not request.app.state.settings.api_token and at_the_machine(request):
             return accounts.ADMIN
     if who is not None:

@@ -1,10 +1,12 @@
 """The web dashboard: one static page at `/`, its script and stylesheet (no build step), and its session.
 
 The page and its assets are served without auth (a browser cannot send a bearer token when it navigates); they
-hold no data. The page signs in by posting a token to /session, which keeps it in an HttpOnly cookie (deps.COOKIE)
-that no script can read; the browser sends it with every API call of the page, and deps.require_token reads it
-when no Authorization header is sent. Signing in changes state, so the request guard (app/api/guard.py) refuses
-it from other web origins: no other site can sign a browser in, as anyone.
+hold no data. The page signs in by posting a token to /session, which opens a session of its own (app/sessions.py)
+and sets its id, never the token, in an HttpOnly cookie (deps.COOKIE) that no script can read; the browser sends
+it with every API call of the page, and deps.require_token reads it when no Authorization header is sent. The
+session ends with its token (revoked, expired, its user deleted), at sign-out, or after the cookie's max-age.
+Signing in changes state, so the request guard (app/api/guard.py) refuses it from other web origins: no other
+site can sign a browser in, as anyone.
 """
 import json
 from pathlib import Path
@@ -13,7 +15,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
 
+from trainyard.app import accounts, sessions
 from trainyard.app.api.deps import COOKIE, known_principal
 from trainyard.app.api.schemas import ErrorPublic
 
@@ -25,8 +29,8 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 HEADERS = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff", "Content-Security-Policy": CSP,
            "Referrer-Policy": "no-referrer"}
-# How long a browser keeps the cookie. The token itself is checked on every request, so a revoked one is refused
-# at once whatever the cookie's age.
+# How long a browser keeps the cookie, and the longest a session lives (less when its token expires sooner). The
+# token itself is checked on every request, so a revoked one is refused at once whatever the cookie's age.
 SESSION_MAX_AGE_S = 30 * 24 * 3600
 # Browsers drop a cookie over 4096 bytes; no token of ours comes near.
 TOKEN_MAX = 2000
@@ -76,13 +80,16 @@ async def given_token(request: Request) -> str:
                         401: {"model": ErrorPublic, "description": REFUSED},
                         422: {"model": ErrorPublic, "description": "no token in the body"}})
 async def sign_in(request: Request, token: Annotated[str, Depends(given_token)]) -> Response:
-    """Sign a browser in: the token is kept in an HttpOnly cookie (SameSite=Strict; Secure over https) that the
-    browser sends with each request, in place of an Authorization header. For the dashboard; other clients send
-    the header."""
+    """Sign a browser in: a session of the token's, whose id (not the token) is kept in an HttpOnly cookie
+    (SameSite=Strict; Secure over https) that the browser sends with each request, in place of an Authorization
+    header. The session ends when its token is revoked or expires, at sign-out, or after 30 days. For the
+    dashboard; other clients send the header."""
     if await known_principal(request, token) is None:
         raise HTTPException(401, REFUSED, headers={"WWW-Authenticate": "Bearer"})
+    session = await run_in_threadpool(sessions.open_session, request.app.state.engine, accounts.digest(token),
+                                      SESSION_MAX_AGE_S)
     response = Response(status_code=204, headers={"Cache-Control": "no-store"})
-    response.set_cookie(COOKIE, token, max_age=SESSION_MAX_AGE_S, path="/", secure=request.url.scheme == "https",
+    response.set_cookie(COOKIE, session, max_age=SESSION_MAX_AGE_S, path="/", secure=request.url.scheme == "https",
                         httponly=True, samesite="strict")
     return response
 
@@ -90,7 +97,10 @@ async def sign_in(request: Request, token: Annotated[str, Depends(given_token)])
 @router.delete("/session", tags=["session"], operation_id="sign_out", status_code=204, response_class=Response,
                responses={204: {"description": "signed out: the cookie is cleared"}})
 async def sign_out(request: Request) -> Response:
-    """Sign a browser out: its session cookie is cleared (the token itself stays valid until revoked)."""
+    """Sign a browser out: its session ends and its cookie is cleared (the token itself stays valid until revoked
+    or expired)."""
+    if session := request.cookies.get(COOKIE, ""):
+        await run_in_threadpool(sessions.end_session, request.app.state.engine, session)
     response = Response(status_code=204, headers={"Cache-Control": "no-store"})
     response.delete_cookie(COOKIE, path="/", secure=request.url.scheme == "https", httponly=True, samesite="strict")
     return response
