@@ -1,5 +1,6 @@
 """What each project stores: the collector's pass (app/collector.py) attributes every object it keeps to a project
-and records the totals (project_usage); the stored_bytes limit (app/quotas.py) and GET /admin/projects read them.
+and records the totals (project_usage); the stored_bytes limit (app/quotas.py), GET /admin/projects and a member's
+GET /storage read them.
 
 A job's objects (artifacts/<id>/..., its exports among them, checkpoints/<id>/..., logs/<id>.log) are its
 project's; an uploaded dataset's (datasets/uploads/<id>/...) are the project its meta.json names. Objects of no
@@ -63,6 +64,14 @@ def record(conn: Connection, totals: dict[int, tuple[int, int]], at: float | Non
             c: stmt.excluded[c] for c in ("bytes", "objects", "measured_at")}))
         gone = gone.where(project_usage.c.project_id.not_in(list(totals)))
     conn.execute(gone)
+
+
+def of(engine: Engine, project_id: int) -> tuple[int, int]:
+    """One project's (bytes, objects) as last measured; (0, 0) when it stores nothing, or none was measured."""
+    with read(engine) as conn:
+        row = conn.execute(select(project_usage.c.bytes, project_usage.c.objects)
+                           .where(project_usage.c.project_id == project_id)).first()
+    return (0, 0) if row is None else (int(row.bytes), int(row.objects))
 
 
 def stored(engine: Engine) -> dict[int, int]:

@@ -134,7 +134,8 @@ def test_the_cli_shows_and_collects(live):
     r = cli(live, "storage", "--json")
     assert r.returncode == 0, r.stderr
     shown = json.loads(r.stdout)
-    assert list(shown["kinds"]) == list(KINDS) and set(shown) == {"store", "kinds", "measured_at", "rules"}
+    assert list(shown["kinds"]) == list(KINDS) and set(shown) == {"store", "kinds", "project", "measured_at", "rules"}
+    assert shown["project"] is None  # the admin's answer: the whole store (a member's: docs/teams.md)
     r = cli(live, "storage", "collect", "--json")
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)

@@ -48,7 +48,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         migrate.prepare(engine)
         app.state.engine = engine
         app.state.reader = LoopReader(engine, settings.db_url)
-        app.state.streams = StreamSlots(settings.max_event_streams, settings.max_event_streams_per_target)
+        app.state.streams = StreamSlots(settings.max_event_streams, settings.max_event_streams_per_target,
+                                        settings.per_project("max_event_streams"))
         app.state.sweep_hub = SweepHub(partial(sweeps.watched, engine), sweeps.EVENTS_POLL_S)
         app.state.metrics_registry = metrics.registry(engine, settings.lease_s, settings.node)
         # The lease reaper and the sweeps' driver (app/api/background.py); routes poke the searcher.

@@ -21,7 +21,7 @@ class DeviceWorker(BaseModel):
     """A worker as /devices shows it, under its device."""
     id: str
     host: str
-    pid: int
+    pid: int | None = Field(description="its process id; null for a token not an admin's")
     device: str
     state: str = Field(description="idle, busy, unavailable, stopping, stopped or lost (as GET /workers)")
     job_id: int | None = None
@@ -141,9 +141,21 @@ class StorageRules(BaseModel):
 KINDS_TEXT = "by kind: artifacts, checkpoints, exports, logs, uploads (datasets), cache (this host's copies)"
 
 
+class ProjectUsage(BaseModel):
+    name: str
+    bytes: int = Field(description="what its jobs (artifacts, exports, checkpoints, logs) and datasets store, in "
+                                   "bytes")
+    objects: int = Field(description="how many objects (files) they are")
+
+
 class StoragePublic(BaseModel):
-    store: str = Field(description="where the objects are: the data directory, or s3://bucket/prefix")
-    kinds: dict[str, KindUsage] = Field(description=f"what the collector's last pass measured, {KINDS_TEXT}")
+    """An admin sees the whole store; a member, their own project's part of it only (docs/teams.md)."""
+    store: str | None = Field(description="where the objects are: the data directory, or s3://bucket/prefix; null "
+                                          "for a member")
+    kinds: dict[str, KindUsage] = Field(description=f"what the collector's last pass measured, {KINDS_TEXT}; empty "
+                                                    "for a member (the kinds span every project)")
+    project: ProjectUsage | None = Field(None, description="a member's own project, as the collector's last pass "
+                                                           "measured it; null for an admin")
     measured_at: datetime | None = Field(description="when: null before the first pass")
     rules: StorageRules
 

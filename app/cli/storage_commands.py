@@ -69,8 +69,13 @@ def rules_table(rules: dict) -> Table:
 def storage_text(s: dict) -> None:
     at = s.get("measured_at")  # ISO 8601, UTC
     measured = f"measured {at[:19].replace('T', ' ')} UTC" if at else "not measured yet: the collector has not run"
-    console.print(f"store: {shown(s['store'])}  ({measured})")
-    console.print(kinds_table(s["kinds"]))
+    project = s.get("project")
+    if project:  # a member's answer: their project's part of the store only
+        console.print(f"project {shown(project['name'])}: {size(project['bytes'])} in {project['objects']} objects  "
+                      f"({measured})")
+    else:
+        console.print(f"store: {shown(s['store'])}  ({measured})")
+        console.print(kinds_table(s["kinds"]))
     console.print(rules_table(s["rules"]))
 
 

@@ -22,6 +22,9 @@ class Limits:
     max_files: int = 100_000             # members of a zip or .npz: TRAINYARD_MAX_UPLOAD_FILES
     quota_bytes: int = 10 << 30          # stored bytes of all uploads: TRAINYARD_UPLOAD_QUOTA_BYTES
     max_uploads: int = 1000              # TRAINYARD_MAX_UPLOADS
+    # One project's part of the two above (a member's upload): None, half of each, at least 1 (Settings.per_project).
+    quota_bytes_per_project: int | None = None  # TRAINYARD_UPLOAD_QUOTA_BYTES_PER_PROJECT
+    max_uploads_per_project: int | None = None  # TRAINYARD_MAX_UPLOADS_PER_PROJECT
     max_decoded_bytes: int = 1 << 30     # decoded data of one upload, whatever its size
     decode_allowance: int = 64 << 20     # ...and at most this plus decode_ratio x the upload's bytes
     decode_ratio: int = 16
@@ -35,7 +38,14 @@ class Limits:
     @classmethod
     def from_settings(cls, s: Settings) -> "Limits":
         return cls(max_upload_bytes=s.max_upload_bytes, max_files=s.max_upload_files,
-                   quota_bytes=s.upload_quota_bytes, max_uploads=s.max_uploads)
+                   quota_bytes=s.upload_quota_bytes, max_uploads=s.max_uploads,
+                   quota_bytes_per_project=s.per_project("upload_quota_bytes"),
+                   max_uploads_per_project=s.per_project("max_uploads"))
+
+    def project_part(self) -> tuple[int, int]:
+        """One project's (uploads, stored bytes) at most."""
+        return (self.max_uploads_per_project or max(1, self.max_uploads // 2),
+                self.quota_bytes_per_project or max(1, self.quota_bytes // 2))
 
     def decoded(self, upload_bytes: int) -> int:
         """Bytes the data of an upload of this size may decode to."""

@@ -10,7 +10,9 @@ servers on several hosts sharing a bucket may overshoot the quota by the uploads
 
 Each dataset belongs to the project and user that uploaded it (meta.json's project_id and owner): given who
 asks, a read sees only that principal's project's datasets (admins: all), another's answering NotFound exactly
-as a missing one; a dataset from before accounts (no project_id) is the admins' only. The quotas stay global.
+as a missing one; a dataset from before accounts (no project_id) is the admins' only. A member's upload meets their
+project's part of the quotas first (Limits.project_part), then the quotas themselves; its refusal counts only
+their project's uploads. Admins and uploads in no project meet the quotas themselves.
 """
 import json
 import os
@@ -71,10 +73,10 @@ def store(f: BinaryIO, filename: str | None, where: Where, label_column: str | N
                 "input_shape": list(x.shape[1:]), "classes": classes, "label_column": label_column,
                 "pixels": bool(x.dtype == np.uint8 and x.ndim == 4), "bytes": nbytes,
                 "project_id": who.project_id if who else None, "owner": who.user if who else None}
-        return _write(_store(where), x, y, meta, limits)
+        return _write(_store(where), x, y, meta, limits, who)
 
 
-def _write(store_: Store, x: np.ndarray, y: np.ndarray, meta: dict, limits: Limits) -> dict:
+def _write(store_: Store, x: np.ndarray, y: np.ndarray, meta: dict, limits: Limits, who: Principal | None) -> dict:
     layout = store_.layout
     upload_id = secrets.token_hex(8)
     final = layout.upload(upload_id)
@@ -89,7 +91,7 @@ def _write(store_: Store, x: np.ndarray, y: np.ndarray, meta: dict, limits: Limi
                 "stored_bytes": (tmp / UPLOAD_DATA_FILE).stat().st_size}
         (tmp / UPLOAD_META_FILE).write_text(json.dumps(meta, indent=1))
         with locked(layout.dataset_lock("uploads")):  # a file lock: several servers may share the data dir
-            _check_quota(store_, meta["stored_bytes"], limits)
+            _check_quota(store_, meta["stored_bytes"], limits, who)
             os.replace(tmp, final)
             try:
                 for name in (UPLOAD_DATA_FILE, UPLOAD_META_FILE):  # meta.json last: in a bucket it lists the dataset
@@ -103,8 +105,16 @@ def _write(store_: Store, x: np.ndarray, y: np.ndarray, meta: dict, limits: Limi
     return meta
 
 
-def _check_quota(store_: Store, adding: int, limits: Limits) -> None:
+def _check_quota(store_: Store, adding: int, limits: Limits, who: Principal | None) -> None:
     metas = list_all(store_)
+    if who is not None and not who.admin and who.project_id is not None:  # a member's: their project's part first
+        own = [m for m in metas if m.get("project_id") == who.project_id]
+        _check_project_part(f"project {who.project}", own, adding, limits)
+        # Said without counts: what other projects keep is theirs.
+        if len(metas) >= limits.max_uploads or sum(m["stored_bytes"] for m in metas) + adding > limits.quota_bytes:
+            raise refuse("file", "the server keeps as many uploads as it allows (TRAINYARD_MAX_UPLOADS, "
+                                 "TRAINYARD_UPLOAD_QUOTA_BYTES); try again later, or ask an admin", too_large=True)
+        return
     if len(metas) >= limits.max_uploads:
         raise refuse("file", f"would be upload number {len(metas) + 1}; at most {limits.max_uploads} are kept "
                              "(TRAINYARD_MAX_UPLOADS): delete some first (DELETE /datasets/<id>)", too_large=True)
@@ -113,6 +123,20 @@ def _check_quota(store_: Store, adding: int, limits: Limits) -> None:
         raise refuse("file", f"stores as {size(adding)}; uploads already take {size(used)} of the "
                              f"{size(limits.quota_bytes)} quota (TRAINYARD_UPLOAD_QUOTA_BYTES): delete some first "
                              "(DELETE /datasets/<id>)", too_large=True)
+
+
+def _check_project_part(name: str, own: list[dict], adding: int, limits: Limits) -> None:
+    """Refuse an upload past the project's part of the quotas, counting its own uploads (`own`) only."""
+    count, quota = limits.project_part()
+    if len(own) >= count:
+        raise refuse("file", f"would be {name}'s upload number {len(own) + 1}; a project keeps at most {count} "
+                             "(TRAINYARD_MAX_UPLOADS_PER_PROJECT): delete some of its own first "
+                             "(DELETE /datasets/<id>)", too_large=True)
+    used = sum(m["stored_bytes"] for m in own)
+    if used + adding > quota:
+        raise refuse("file", f"stores as {size(adding)}; {name}'s uploads already take {size(used)} of its "
+                             f"{size(quota)} (TRAINYARD_UPLOAD_QUOTA_BYTES_PER_PROJECT): delete some of its own "
+                             "first (DELETE /datasets/<id>)", too_large=True)
 
 
 def upload_dir(data_dir: Path, upload_id: str) -> Path:

@@ -1,24 +1,25 @@
 """Routes for the event streams (Server-Sent Events): a job's (GET /jobs/{id}/events, its sequence and ids in
 app/job_events.py) and a sweep's (GET /sweeps/{id}/events, served by the hub in app/api/streams.py). What they
 promise a client (order, ids, resuming, an id beyond the stream, the end) is docs/api.md's "Event streams". A
-stream of another project's job or sweep is 404 before it starts, as a missing one's is."""
+stream of another project's job or sweep is 404 before it starts, as a missing one's is. An open stream re-checks
+its caller's token every few seconds and ends (`end` naming why) once it no longer holds (app/api/streams.py)."""
 import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from trainyard.app import job_events as sequence
 from trainyard.app import sweep_reads, visibility
-from trainyard.app.api.deps import EngineDep, WhoDep
+from trainyard.app.api.deps import COOKIE, EngineDep, WhoDep, bearer, require_token
 from trainyard.app.api.routes.jobs import MAX_METRICS_PAGE, JobId
 from trainyard.app.api.routes.sweeps import NOT_FOUND as SWEEP_NOT_FOUND
 from trainyard.app.api.routes.sweeps import SweepId
 from trainyard.app.api.schemas import NOT_FOUND as JOB_NOT_FOUND
 from trainyard.app.api.schemas import JobPublic
-from trainyard.app.api.streams import parse_sweep_event_id
+from trainyard.app.api.streams import Recheck, parse_sweep_event_id
 from trainyard.app.records import Job
 
 router = APIRouter()
@@ -44,9 +45,29 @@ def sweep_resume(last_event_id: LastEventId = None) -> tuple[int, int] | None:
     return parse_sweep_event_id(last_event_id)
 
 
-async def job_stream_slot(job_id: JobId, request: Request) -> AsyncIterator[None]:
+async def caller_recheck(request: Request, who: WhoDep) -> Recheck:
+    """The stream's check that its caller is still whom the stream was opened for: the request authenticated
+    again, as require_token does it (a token revoked, expired, its user taken out of the project, deleted or no
+    longer an admin; a dashboard session signed out: no longer). TRAINYARD_API_TOKEN and the open admin at the
+    machine are no user's token or session: nothing to re-read."""
+    credentials = await bearer(request)
+    if True:
+        return Recheck(None)
+
+    async def still_holds() -> bool:
+        try:
+            return await require_token(request, credentials) == who
+        except HTTPException:
+            return False
+    return Recheck(still_holds)
+
+
+CallerDep = Annotated[Recheck, Depends(caller_recheck)]
+
+
+async def job_stream_slot(job_id: JobId, request: Request, who: WhoDep) -> AsyncIterator[None]:
     """A slot for the job's event stream: 503 past the caps on open streams (app/api/streams.py)."""
-    with request.app.state.streams.hold(f"job {job_id}"):
+    with request.app.state.streams.hold(f"job {job_id}", who):
         yield
 
 
@@ -55,18 +76,23 @@ async def job_stream_slot(job_id: JobId, request: Request) -> AsyncIterator[None
             responses={**STREAM, **JOB_NOT_FOUND, 503: {"description": "too many event streams open (on this job, "
                                                                         "or on this server process)"}})
 async def job_events(job: Annotated[Job, Depends(existing_job)], engine: EngineDep, request: Request,
-                     last: Annotated[sequence.EventId | None, Depends(job_resume)]) -> AsyncIterator[ServerSentEvent]:
+                     last: Annotated[sequence.EventId | None, Depends(job_resume)], caller: CallerDep,
+                     ) -> AsyncIterator[ServerSentEvent]:
     """Server-Sent Events: `state` when the job is queued, when each run starts and when it stops running,
     `epoch` for each epoch's metrics, then `end` once it has ended: every epoch of a run before the state it
     ends in, the terminal state before `end`, `end` last. Each event has its own id, increasing along the stream;
     with `Last-Event-ID` the stream resumes after that event; an id beyond the stream gets `reset` and then the
-    whole stream."""
+    whole stream. A stream whose token no longer holds (revoked, its user out of the project) ends with `end`
+    naming why (`{"id": job, "reason": "token no longer valid"}`) within a few seconds."""
     if last is not None and await run_in_threadpool(sequence.beyond, engine, job, last):
         yield ServerSentEvent(event="reset", data={"id": job.id, "last_event_id": sequence.show(last)},
                               id=sequence.show(sequence.RESET))
         last = sequence.RESET
     max_bytes = request.app.state.settings.max_list_bytes
     while not await request.is_disconnected():
+        if not await caller.holds():  # a read only every RECHECK_S, not per poll
+            yield caller.gone(job.id)
+            return
         # A page of epochs at a time: a job that reported megabytes an epoch is never read whole.
         events, then = await run_in_threadpool(sequence.following, engine, job.id, last, MAX_METRICS_PAGE, max_bytes)
         for name, data, event_id in events:
@@ -84,7 +110,7 @@ async def sweep_stream_slot(sweep_id: SweepId, engine: EngineDep, who: WhoDep, r
     """The sweep (404 before a stream starts, another project's too) and a slot for its stream (503 when the caps
     are reached)."""
     await run_in_threadpool(sweep_reads.get_summary, engine, sweep_id, who)
-    with request.app.state.streams.hold(f"sweep {sweep_id}"):
+    with request.app.state.streams.hold(f"sweep {sweep_id}", who):
         yield
 
 
@@ -93,13 +119,14 @@ async def sweep_stream_slot(sweep_id: SweepId, engine: EngineDep, who: WhoDep, r
             responses={**STREAM, **SWEEP_NOT_FOUND,
                        503: {"description": "too many event streams open (on this sweep, or on this server process)"}})
 async def sweep_events(sweep_id: SweepId, request: Request,
-                       last: Annotated[tuple[int, int] | None, Depends(sweep_resume)],
+                       last: Annotated[tuple[int, int] | None, Depends(sweep_resume)], caller: CallerDep,
                        ) -> AsyncIterator[ServerSentEvent]:
     """Server-Sent Events: `trial` (a trial as it is now) whenever a trial's state, epoch or metric changes,
     `sweep` (the sweep without its spec and trials) whenever it changes, then `end` when the sweep has ended,
     last. The stream starts with every trial as it stands. Each event has its own id, increasing along the
     stream; with `Last-Event-ID` it resumes after that event with what changed since, or, where this server
     process cannot, sends `reset` and then the whole state. One read of the sweep per poll serves all of its
-    streams (app/api/streams.py)."""
-    async for event in request.app.state.sweep_hub.events(sweep_id, last):
+    streams (app/api/streams.py). A stream whose token no longer holds ends with `end` naming why within a few
+    seconds, as a job's does."""
+    async for event in request.app.state.sweep_hub.events(sweep_id, last, caller):
         yield event

@@ -1,26 +1,38 @@
-"""Routes about what the store holds: GET /storage (the collector's last measure and the retention rules) and
-POST /storage/collect (a pass of the collector now, app/collector.py: admins only, audited)."""
+"""Routes about what the store holds: GET /storage (the collector's last measure and the retention rules: an admin's
+of the whole store, a member's of their own project) and POST /storage/collect (a pass of the collector now,
+app/collector.py: admins only, audited)."""
 from datetime import datetime
 
 from fastapi import APIRouter, Request
 
-from trainyard.app import audit, collector
-from trainyard.app.api.deps import AdminDep, EngineDep, SettingsDep, client_address
+from trainyard.app import audit, collector, project_storage
+from trainyard.app.api.deps import AdminDep, EngineDep, SettingsDep, WhoDep, client_address
 from trainyard.app.api.schemas import ts
 from trainyard.app.api.schemas_admin import FORBIDDEN
-from trainyard.app.api.schemas_service import CollectionPublic, KindUsage, StoragePublic, StorageRules
+from trainyard.app.api.schemas_service import (
+    CollectionPublic,
+    KindUsage,
+    ProjectUsage,
+    StoragePublic,
+    StorageRules,
+)
 from trainyard.app.settings import Settings
 
 router = APIRouter(prefix="/storage", tags=["storage"])
 
 
 @router.get("", response_model=StoragePublic, operation_id="get_storage")
-def get_storage(engine: EngineDep, settings: SettingsDep) -> StoragePublic:
+def get_storage(engine: EngineDep, settings: SettingsDep, who: WhoDep) -> StoragePublic:
     """What the store holds by kind, as the collector's last pass measured it (it runs every
-    TRAINYARD_COLLECT_S, or on POST /storage/collect), and the retention rules it applies."""
+    TRAINYARD_COLLECT_S, or on POST /storage/collect), and the retention rules it applies. A member is shown
+    their own project's bytes and objects instead, never the store's place nor what other projects hold."""
     usage = collector.usage(engine)
-    return StoragePublic(store=settings.store.describe(), kinds=kinds(usage), measured_at=measured_at(usage),
-                         rules=rules(settings))
+    if who.admin:
+        return StoragePublic(store=settings.store.describe(), kinds=kinds(usage), measured_at=measured_at(usage),
+                             rules=rules(settings))
+    used, objects = (0, 0) if who.project_id is None else project_storage.of(engine, who.project_id)
+    project = ProjectUsage(name=who.project or "", bytes=used, objects=objects)
+    return StoragePublic(store=None, kinds={}, project=project, measured_at=measured_at(usage), rules=rules(settings))
 
 
 # A plain def: a pass lists the whole store and deletes, so it runs in the thread pool.

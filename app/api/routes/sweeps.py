@@ -12,7 +12,6 @@ from trainyard.app.api.routes.jobs import as_json
 from trainyard.app.api.schemas import responses
 from trainyard.app.api.schemas_service import CurvesPublic
 from trainyard.app.api.schemas_sweeps import SweepPublic, SweepsPublic, TrialPublic, sweep_fields
-from trainyard.app.errors import Conflict
 from trainyard.app.records import Sweep
 from trainyard.app.spec import MAX_ID, TRAIN_EXAMPLE, SweepSpec
 from trainyard.app.states import SWEEP_STATES, SweepState
@@ -47,19 +46,16 @@ def watched(engine, sweep_id: int, who: Principal | None = None) -> dict:
 
 
 @router.post("", status_code=201, response_model=SweepPublic, operation_id="submit_sweep",
-             responses=responses(conflict="as many sweeps as the server allows are running"))
+             responses=responses(conflict="its project runs its part of the sweeps, or the server all it may"))
 async def submit_sweep(spec: Annotated[SweepSpec, Body(openapi_examples={"tpe": {"summary": "TPE over lr and "
                                                                          "hidden sizes, median pruning",
                                                                          "value": EXAMPLE}})],
                        engine: EngineDep, settings: SettingsDep, request: Request, who: WhoDep) -> Response:
     """Start a sweep: its trials are jobs of the base job with the searched fields set (the first within
     a second). Bad paths, ranges on fields that are not numbers, values the job spec refuses and a grid
-    larger than max_trials are refused with 422 naming the field; past TRAINYARD_MAX_RUNNING_SWEEPS sweeps
-    running, 409. The sweep and its trials are the caller's, in the caller's project."""
-    running = len(await run_in_threadpool(sweep_reads.running, engine))
-    if running >= settings.max_running_sweeps:
-        raise Conflict(f"{running} sweeps are running, the limit (TRAINYARD_MAX_RUNNING_SWEEPS); wait for one to "
-                       "end, or cancel one")
+    larger than max_trials are refused with 422 naming the field; past the caller's project's part of
+    TRAINYARD_MAX_RUNNING_SWEEPS sweeps running, or past the cap itself, 409 (app/sweep_admission.py). The sweep
+    and its trials are the caller's, in the caller's project."""
     made = await run_in_threadpool(sweep_store.create, engine, settings, spec, who)
     await run_in_threadpool(audit.record, engine, who, "sweep_submit", f"sweep {made.id}", client_address(request),
                             {"name": spec.name, "method": spec.method})
@@ -95,8 +91,9 @@ def sweep_trials(sweep_id: SweepId, engine: EngineDep, who: WhoDep) -> Response:
 
 @router.get("/{sweep_id}/curves", response_model=CurvesPublic, responses=NOT_FOUND, operation_id="sweep_curves")
 def sweep_curves(sweep_id: SweepId, engine: EngineDep, who: WhoDep,
-                 since: Annotated[int, Query(ge=0, le=2**62, description="the `next` of the page before; 0: from the "
-                                             "start")] = 0,
+                 # A cursor is a metric record's id (an INTEGER column): a larger one is a 422, not a failed query.
+                 since: Annotated[int, Query(ge=0, le=MAX_ID, description="the `next` of the page before; 0: from "
+                                             "the start")] = 0,
                  limit: Annotated[int, Query(ge=1, le=MAX_CURVE_POINTS, description="points at most")]
                  = MAX_CURVE_POINTS) -> Response:
     """Every trial's metric per epoch ([epoch, value] points), for one chart, a page at a time: the points

@@ -111,6 +111,19 @@
     return v.toFixed(4);
   }
 
+  /** A `keep: best` job whose kept epoch is not its last: {epoch: the kept one, last: the last recorded}. */
+  function keptBest(job) {
+    const r = job.result || {};
+    const last = (job.latest_metrics || {}).epoch;
+    return r.kept === "best" && isNum(r.kept_epoch) && r.kept_epoch !== last ? { epoch: r.kept_epoch, last } : null;
+  }
+
+  /** The summary's label for a metric of the last epoch where the model kept is another's: which epoch it is. */
+  function lastOf(job, key) {
+    const kept = keptBest(job);
+    return kept && isNum((job.latest_metrics || {})[key]) && isNum(kept.last) ? ` (last epoch, ${kept.last})` : "";
+  }
+
   function latest(job, key) {
     const m = job.latest_metrics || {};
     if (isNum(m[key])) return m[key];
@@ -514,7 +527,8 @@
       w.draining ? el("span", { class: "badge state-draining", "data-testid": `worker-draining-${w.id}`, text: "draining" }) : null,
       w.draining ? " " : null,
       el("span", { class: "mono", text: w.id }), " ",
-      el("span", { class: "muted", text: `${w.host}:${w.pid}` }), " · ", job,
+      // A member's view has no pid (admins' only).
+      el("span", { class: "muted", text: w.pid == null ? w.host : `${w.host}:${w.pid}` }), " · ", job,
       el("span", { class: "muted hb", text: ` · heartbeat ${fmtDuration(w.last_heartbeat_age_s)} ago` }),
       // Why it cannot use its device (and the fix): it takes no job until it can.
       w.unavailable ? el("div", { class: "unavailable", "data-testid": `worker-unavailable-${w.id}`, text: w.unavailable }) : null);
@@ -616,15 +630,17 @@
 
   let storageKey = "";
 
-  /** What the store holds by kind (GET /storage: the collector's last measure, every TRAINYARD_COLLECT_S). */
+  /** What the store holds by kind (GET /storage: the collector's last measure, every TRAINYARD_COLLECT_S); a
+   *  member's answer holds their project's total instead, one row. */
   function renderStorage(s) {
-    const key = JSON.stringify([s.kinds, s.measured_at, s.store]);
+    const key = JSON.stringify([s.kinds, s.project, s.measured_at, s.store]);
     if (key === storageKey) return;
     storageKey = key;
     const summary = $("storage-summary");
     setText(summary, s.measured_at ? `measured ${fmtTime(s.measured_at)}` : "not measured yet");
-    setAttr(summary, "title", s.store);
-    $("storage-body").replaceChildren(...Object.entries(s.kinds).map(([kind, u]) =>
+    setAttr(summary, "title", s.store ?? `project ${s.project ? s.project.name : ""}`);
+    const rows = s.project ? { [`project ${s.project.name}`]: s.project } : s.kinds;
+    $("storage-body").replaceChildren(...Object.entries(rows).map(([kind, u]) =>
       el("tr", { "data-testid": `storage-${kind}`, "data-bytes": u.bytes, "data-objects": u.objects },
         el("td", { text: kind === "cache" ? "cache (this host's copies)" : kind }),
         el("td", { class: "num", title: `${u.bytes} bytes`, text: fmtBytes(u.bytes) }),
@@ -746,9 +762,9 @@
       ["started", job.started_at ? fmtTime(job.started_at) : null],
       ["finished", job.finished_at ? fmtTime(job.finished_at) : null],
       [t.label, fmtDuration(t.s)],
-      ["train loss", isNum(latest(job, "train_loss")) ? fmtLoss(latest(job, "train_loss")) : null],
-      ["val loss", isNum(latest(job, "val_loss")) ? fmtLoss(latest(job, "val_loss")) : null],
-      [job.kind === "predict" ? "accuracy" : "val accuracy",
+      ["train loss" + lastOf(job, "train_loss"), isNum(latest(job, "train_loss")) ? fmtLoss(latest(job, "train_loss")) : null],
+      ["val loss" + lastOf(job, "val_loss"), isNum(latest(job, "val_loss")) ? fmtLoss(latest(job, "val_loss")) : null],
+      [(job.kind === "predict" ? "accuracy" : "val accuracy") + lastOf(job, "val_accuracy"),
         isNum(latest(job, "val_accuracy")) ? fmtPct(latest(job, "val_accuracy")) : null],
       ["throughput", isNum(m.samples_per_s) ? `${Math.round(m.samples_per_s).toLocaleString()} samples/s` : null],
       ["checkpoint", isNum(job.checkpoint_epoch) ? `epoch ${job.checkpoint_epoch}` : null],
@@ -784,7 +800,11 @@
 
     const result = $("job-result");
     if (job.result) {
-      result.replaceChildren(el("table", { class: "kv" }, el("tbody", null,
+      const kept = keptBest(job);
+      result.replaceChildren(...(kept ? [el("p", { class: "muted", "data-testid": "job-result-kept", text:
+        `The model kept is epoch ${kept.epoch}'s, the best evaluated (keep: best): the losses below are that ` +
+        `epoch's.${isNum(kept.last) ? ` The summary above shows the last epoch, ${kept.last}.` : ""}` })] : []),
+      el("table", { class: "kv" }, el("tbody", null,
         Object.entries(job.result).filter(([, v]) => v !== null)
           .map(([k, v]) => el("tr", null, el("th", { scope: "row", text: k }), el("td", { class: "num", text: valueText(v) }))))));
     } else {
