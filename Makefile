@@ -20,18 +20,43 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(BIN)/.installed: pyproject.toml examples/plugin/pyproject.toml | $(BIN)/python
+# The server, the CLI and the client are tested from the built wheel on Python 3.12 and 3.13 without torch
+# (tests/test_install.py): one venv each under $(VENV)/pythons/3.X, holding the project's base dependencies
+# only. The Pythons are python3.X on PATH, else pyenv's; one that is missing is skipped (the test says so).
+OTHER_PYTHONS ?= 3.12 3.13
+OTHER_PYTHONS_STAMP := $(VENV)/pythons/.installed
+$(OTHER_PYTHONS_STAMP): pyproject.toml | $(BIN)/python
+	mkdir -p $(VENV)/pythons
+	$(BIN)/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+	  > $(VENV)/pythons/requirements.txt
+	@for v in $(OTHER_PYTHONS); do \
+	  py=$$(command -v python$$v 2>/dev/null || true); \
+	  if [ -z "$$py" ] || ! "$$py" -c pass 2>/dev/null; then py=$$(pyenv prefix $$v 2>/dev/null)/bin/python; fi; \
+	  if ! "$$py" -c pass 2>/dev/null; then echo "Python $$v not found: its install test is skipped" >&2; continue; fi; \
+	  echo "$(VENV)/pythons/$$v: $$("$$py" --version)"; \
+	  "$$py" -m venv --clear $(VENV)/pythons/$$v && \
+	  $(VENV)/pythons/$$v/bin/pip install --quiet --disable-pip-version-check -r $(VENV)/pythons/requirements.txt || exit 1; \
+	done
+	touch $@
+
+# make run: what running needs, the worker's torch included (the worker extra), and the example plugin (a model,
+# a dataset, an entrypoint), which the README's walk-through uses. No test tools, no browser.
+$(BIN)/.installed-run: pyproject.toml examples/plugin/pyproject.toml | $(BIN)/python
 	$(call need_311,$(BIN)/python,echo "$(VENV) was made with another Python: make clean first." >&2;)
-	$(BIN)/pip install --quiet -e '.[test]'
-	# The example plugin (a model, a dataset, an entrypoint): the plugin tests and the README use it.
+	$(BIN)/pip install --quiet -e '.[worker]'
 	$(BIN)/pip install --quiet --no-build-isolation -e examples/plugin
+	touch $@
+
+# make test: the test extra on top, and the other Pythons the install tests use (above).
+$(BIN)/.installed: $(BIN)/.installed-run $(OTHER_PYTHONS_STAMP)
+	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
 # The browser tests drive Debian's chromium (Playwright's own browser download is not used).
 setup: $(BIN)/.installed
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-run: setup
+run: $(BIN)/.installed-run
 	$(BIN)/trainyard up
 
 # Lint and type checks ([tool.ruff] and [tool.mypy] in pyproject.toml); mypy keeps its cache in the venv,
@@ -62,7 +87,7 @@ bench: setup
 # Exit status: 0 every check passed, 1 a check failed, 2 nothing could run (no CUDA device).
 $(BIN)/.installed-gpu-check: pyproject.toml | $(BIN)/python
 	$(call need_311,$(BIN)/python,echo "$(VENV) was made with another Python: make clean first." >&2;)
-	$(BIN)/pip install --quiet -e '.[gpu-check]'
+	$(BIN)/pip install --quiet -e '.[worker,gpu-check]'
 	touch $@
 
 gpu-check: $(BIN)/.installed-gpu-check

@@ -7,10 +7,9 @@ top-level folders app/ and worker/, reached through the links trainyard/app and 
     from trainyard import Job, Sweep, Dataset, Worker, Event, Page   # what it answers (typed records)
     from trainyard import Context              # what a `run` job's entrypoint is given (worker side)
 """
+from trainyard.app import __version__
 from trainyard.app.client import APIError, Client
 from trainyard.app.client_models import Dataset, Event, Job, Page, Sweep, Worker
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str):

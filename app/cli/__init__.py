@@ -11,6 +11,7 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
+from trainyard.app import __version__
 from trainyard.app.cli import commands, gpu_check, launch
 from trainyard.app.cli.output import fail
 
@@ -26,6 +27,7 @@ def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
 
     p = Parser(prog="trainyard", description="Run PyTorch training and inference jobs on your GPU machines, "
                                              "over REST.")
+    p.add_argument("--version", action="version", version=f"trainyard {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     launch.add_commands(sub)
     commands.add_commands(sub)

@@ -80,6 +80,12 @@ def _listening_socket(host: str, port: int) -> int:
 
 def cmd_worker(args) -> int:
     # Imported here: client commands must not pay for the worker's imports.
+    try:
+        import torch  # noqa: F401 - only to say what is missing, before the worker's own imports fail on it
+    except ImportError:
+        raise SystemExit("trainyard worker: torch is not installed here; a worker host needs the worker extra: "
+                         "pip install 'trainyard[worker]' (or keep this host's own torch >= 2.9 and add "
+                         "torchvision and safetensors)") from None
     from trainyard.worker.main import main as worker_main
     return worker_main(get_settings(), args.device, burst=args.burst, max_jobs=args.max_jobs)
 
@@ -135,8 +141,9 @@ def cmd_up(args) -> int:
     svc.start_server(wait=False, log_level="info")
     for d in devices:
         svc.start_worker(d, wait=False)
-    print(f"trainyard: API on http://{svc.host}:{svc.port} (docs at /docs), workers on {', '.join(devices)}; "
-          f"Ctrl-C stops all", file=sys.stderr)
+    url = f"http://{svc.host}:{svc.port}"
+    print(f"trainyard: dashboard at {url}/, API at {url} (its docs at /docs, health at /healthz), workers on "
+          f"{', '.join(devices)}; Ctrl-C stops all", file=sys.stderr)
     code = svc.supervise()
     svc.stop(settings.grace_s + 5)
     return code
