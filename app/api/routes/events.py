@@ -51,7 +51,7 @@ async def caller_recheck(request: Request, who: WhoDep) -> Recheck:
     longer an admin; a dashboard session signed out: no longer). TRAINYARD_API_TOKEN and the open admin at the
     machine are no user's token or session: nothing to re-read."""
     credentials = await bearer(request)
-    if True:
+    if who.token_id is None and (credentials is not None or COOKIE not in request.cookies):
         return Recheck(None)
 
     async def still_holds() -> bool:
