@@ -21,15 +21,18 @@ queued jobs are not eligible past them (`limited`), and wait saying which (`at_l
     project that may run on a GPU (device other than cpu) and states no memory waits too: it could take a whole
     GPU. So does a multi-device one (it takes whole GPUs and may state none): such a project runs those on the
     CPU. Running jobs that stated nothing (from before the limit) count as nothing.
-The limits checked at submit (queued jobs, running sweeps, stored bytes) are app/quotas.py's.
+The limits checked at submit (queued jobs, running sweeps, stored bytes) are app/quotas.py's. Shares and limits are
+read through app/project_limits.py, held to the bounds there: the SQL here holds them as literals, never casts a
+stored value, so no row can make a claim or a housekeeping pass fail.
 """
 from typing import Any
 
-from sqlalchemy import and_, case, func, literal, or_, select, true
+from sqlalchemy import BigInteger, Integer, and_, case, func, literal, or_, select, true
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
-from trainyard.app.db import db_now, jobs, projects
+from trainyard.app import project_limits
+from trainyard.app.db import db_now, jobs
 from trainyard.app.records import Job
 from trainyard.app.states import JobState
 
@@ -55,25 +58,33 @@ def usage(conn: Connection, half_life_s: float) -> tuple[dict[int | None, float]
 def rank(conn: Connection, half_life_s: float) -> ColumnElement[Any]:
     """An ORDER BY term for queued jobs: their project's decayed device time over its share, lowest first."""
     used, _ = usage(conn, half_life_s)
-    shares = dict(conn.execute(select(projects.c.id, projects.c.share)).all())
-    ranks = {p: seconds / max(shares.get(p, 1.0) or 1.0, 1e-9) for p, seconds in used.items() if p is not None}
+    shares = shares_of(conn)
+    ranks = {p: seconds / shares.get(p, 1.0) for p, seconds in used.items() if p is not None}
     alone = used.get(None, 0.0)
     if not ranks:
         return literal(0.0)
     return case(ranks, value=jobs.c.project_id, else_=case((jobs.c.project_id.is_(None), alone), else_=0.0))
 
 
-def limited(device: str | None = None) -> ColumnElement[bool]:
+def shares_of(conn: Connection) -> dict[int, float]:
+    """Each project's share (finite, > 0), by id."""
+    return {p: held.share for p, held in project_limits.read(conn).items()}
+
+
+def limited(conn: Connection, device: str | None = None) -> ColumnElement[bool]:
     """The job's project may start it now: within its `devices` and `gpu_memory_gb` limits (those it has), with
     its running jobs. device: the claiming worker's ("cpu": a job that states no memory runs on the CPU there, so
     the memory limit does not hold it back; None: any worker, so it does)."""
-    return or_(jobs.c.project_id.is_(None), and_(_within_devices(), _within_memory(device)))
+    held = project_limits.read(conn)
+    devices = {p: h.limits["devices"] for p, h in held.items() if "devices" in h.limits}
+    memory = {p: round(h.limits["gpu_memory_gb"] * 1e9) for p, h in held.items() if "gpu_memory_gb" in h.limits}
+    terms = [*([_within_devices(devices)] if devices else []), *([_within_memory(memory, device)] if memory else [])]
+    return or_(jobs.c.project_id.is_(None), and_(*terms)) if terms else true()
 
 
-def _limit(key: str, as_float: bool = False) -> Any:
-    value = projects.c.limits[key]
-    return select(value.as_float() if as_float else value.as_integer()).where(
-        projects.c.id == jobs.c.project_id).scalar_subquery()
+def _cap(caps: dict[int, int], kind: Any) -> Any:
+    """The job's project's limit of caps (NULL: none), as a literal of each project's bounded value."""
+    return case({p: literal(v, kind) for p, v in caps.items()}, value=jobs.c.project_id)
 
 
 def _held(column: Any, default: int) -> Any:
@@ -83,16 +94,16 @@ def _held(column: Any, default: int) -> Any:
         other.c.state == RUNNING, other.c.project_id == jobs.c.project_id).scalar_subquery()
 
 
-def _within_devices() -> ColumnElement[bool]:
-    cap = _limit("devices")
+def _within_devices(caps: dict[int, int]) -> ColumnElement[bool]:
+    cap = _cap(caps, Integer)
     return or_(cap.is_(None), _held("devices", 1) + func.coalesce(jobs.c.devices, 1) <= cap)
 
 
-def _within_memory(device: str | None) -> ColumnElement[bool]:
-    cap = _limit("gpu_memory_gb", as_float=True)
+def _within_memory(caps: dict[int, int], device: str | None) -> ColumnElement[bool]:
+    cap = _cap(caps, BigInteger)  # bytes
     unstated = jobs.c.device_req == "cpu" if device != "cpu" else true()
     stated = and_(jobs.c.need_gpu_memory.is_not(None),
-                  _held("need_gpu_memory", 0) + jobs.c.need_gpu_memory <= cap * 1e9)
+                  _held("need_gpu_memory", 0) + jobs.c.need_gpu_memory <= cap)
     return or_(cap.is_(None), and_(jobs.c.need_gpu_memory.is_(None), unstated), stated)
 
 
@@ -103,8 +114,7 @@ def at_limit(conn: Connection, queued: list[Job]) -> dict[int, str]:
     wanted = {j.project_id for j in queued if j.project_id is not None}
     if not wanted:
         return {}
-    limits = {r.id: (r.name, r.limits or {}) for r in conn.execute(
-        select(projects.c.id, projects.c.name, projects.c.limits).where(projects.c.id.in_(wanted)))}
+    limits = {p: (h.name, h.limits) for p, h in project_limits.read(conn, wanted).items()}
     held = {r.project_id: (int(r.devices or 0), int(r.memory or 0)) for r in conn.execute(
         select(jobs.c.project_id, func.sum(func.coalesce(jobs.c.devices, 1)).label("devices"),
                func.sum(func.coalesce(jobs.c.need_gpu_memory, 0)).label("memory")).where(

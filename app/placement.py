@@ -46,10 +46,12 @@ class Slot:
     addr: str | None = None
 
 
-def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str | None, slot: Slot | None):
+def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str | None, slot: Slot | None,
+             within_limits):
     """Queued jobs a worker could ever run: its device, its plugins (a job that needs a plugin waits for
     a worker that has it, rather than failing on one that does not), memory within its device's
-    budget; every job it waits for (after, its model's job) succeeded. A draining worker can run none."""
+    budget; every job it waits for (after, its model's job) succeeded; its project within its limits
+    (`within_limits`: fair_share.limited's, read on the claim's connection). A draining worker can run none."""
     have = plugins or {}
     needs = [or_(column.is_(None), column.in_(have.get(kind, [])))
              for kind, column in (("models", jobs.c.need_model), ("datasets", jobs.c.need_dataset),
@@ -66,7 +68,7 @@ def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str |
     else:
         needs.append(or_(jobs.c.need_gpu_memory.is_(None), jobs.c.need_gpu_memory + slot.headroom <= slot.budget))
     needs.append(dependencies.ready())
-    needs.append(fair_share.limited(device))
+    needs.append(within_limits)
     return and_(jobs.c.state == QUEUED, jobs.c.device_req.in_(device_names.accepted_by(device)), *needs)
 
 
@@ -158,14 +160,14 @@ def fits_now(slot: Slot | None):
     return or_(and_(jobs.c.need_gpu_memory.is_(None), ~exists().where(on_device)), shares)
 
 
-def head(device, plugins, worker_id, slot, fair):
+def head(device, plugins, worker_id, slot, fair, within_limits):
     """The job at the head of this worker's line: the project furthest under its fair share first (`fair`:
     app/fair_share.py's rank), then priority, then age. Jobs are placed in that order without backfill: a head
     that does not fit yet is waited for (devices free up), so a large job behind a stream of small ones waits
     at most for the jobs running when it reached the head. It takes no row lock: claims take turns
     (queue.claim), and a lock with SKIP LOCKED would let a claim look past a head that an idle worker's
     has_work read was holding at that moment, and start a later job before it."""
-    return (select(jobs.c.id).where(eligible(device, plugins, worker_id, slot))
+    return (select(jobs.c.id).where(eligible(device, plugins, worker_id, slot, within_limits))
             .order_by(fair, jobs.c.priority.desc(), jobs.c.id).limit(1).scalar_subquery())
 
 
@@ -174,8 +176,9 @@ def startable(conn: Connection, device: str, plugins: dict[str, list[str]] | Non
     """The job at the head of this worker's line, if it can start now, and the other ranks it would
     borrow (none for a one-device job). A head that cannot start holds the worker back (no backfill)."""
     fair = fair_share.rank(conn, get_settings().fair_share_half_life_s)
+    within_limits = fair_share.limited(conn, device)
     first = conn.execute(select(jobs.c.id, jobs.c.devices, jobs.c.hosts).where(
-        jobs.c.id == head(device, plugins, worker_id, slot, fair), fits_now(slot))).first()
+        jobs.c.id == head(device, plugins, worker_id, slot, fair, within_limits), fits_now(slot))).first()
     if first is None:
         return None
     if slot is not None and device != "cpu" and slot.key in lent_gpus(conn):

@@ -21,7 +21,7 @@ from sqlalchemy import and_, exists, func, or_, select, update
 from sqlalchemy.engine import Engine
 
 from trainyard.app import accounts, audit, dependencies, device_names, fair_share
-from trainyard.app.db import db_now, jobs, projects, read, workers, write
+from trainyard.app.db import db_now, jobs, read, workers, write
 from trainyard.app.settings import Settings
 from trainyard.app.states import JobState
 
@@ -64,13 +64,13 @@ def choose(engine: Engine, settings: Settings) -> list[tuple[int, int, int]]:
         served_idle = {req for d in idle for req in device_names.accepted_by(d)}
         heads = conn.execute(select(jobs.c.id, jobs.c.device_req, jobs.c.priority, jobs.c.project_id).where(
             jobs.c.state == QUEUED, func.coalesce(jobs.c.devices, 1) == 1, dependencies.ready(),
-            fair_share.limited()).order_by(fair_share.rank(conn, settings.fair_share_half_life_s),
+            fair_share.limited(conn)).order_by(fair_share.rank(conn, settings.fair_share_half_life_s),
                                            jobs.c.priority.desc(), jobs.c.id)).all()
         rows = conn.execute(select(jobs.c.id, jobs.c.claim, jobs.c.priority, jobs.c.project_id, jobs.c.device,
                                    jobs.c.started_at, jobs.c.devices, _in_force().label("asked"))
                             .where(jobs.c.state == RUNNING, jobs.c.device.is_not(None))).all()
         used, _ = fair_share.usage(conn, settings.fair_share_half_life_s)
-        shares = {p: s or 1.0 for p, s in conn.execute(select(projects.c.id, projects.c.share))}
+        shares = fair_share.shares_of(conn)
     runs = [_Run(r.id, r.claim, r.priority, r.project_id, r.device, r.started_at,
                  max(0.0, now - r.started_at) * (r.devices or 1)) for r in rows if not r.asked]
     pending = {req for r in rows if r.asked for req in device_names.accepted_by(r.device)}

@@ -109,9 +109,10 @@ def test_a_project_at_its_gpu_memory_limit_waits_as_does_its_gpu_job_that_states
     assert queue.claim(engine, "w5", "cpu", 30).id == whole
     assert queue.claim(engine, "w6", "cpu", 30).id == on_cpu
     with read(engine) as conn:
-        anywhere = set(conn.execute(select(jobs.c.id).where(jobs.c.state == "queued", fair_share.limited())).scalars())
+        anywhere = set(conn.execute(select(jobs.c.id).where(jobs.c.state == "queued",
+                                                            fair_share.limited(conn))).scalars())
         on_a_cpu = set(conn.execute(select(jobs.c.id).where(jobs.c.state == "queued",
-                                                            fair_share.limited("cpu"))).scalars())
+                                                            fair_share.limited(conn, "cpu"))).scalars())
     assert wide not in anywhere and a2 not in anywhere and a2 not in on_a_cpu
     queue.succeed(engine, a1, 1, {}, None)
     assert queue.claim(engine, "w1", "cuda:0", 30, None, gpu).id == a2
