@@ -89,19 +89,16 @@ def retry(engine: Engine, job_id: int, who: Principal | None = None) -> Job:
     queued_jobs, its max_priority at the job's priority, its stored_bytes: app/quotas.py; who None: none)."""
     with write(engine) as conn:
         held = quotas.hold(conn, who)  # before the job's row: the order every submit locks in
-        row = conn.execute(select(jobs.c.state, jobs.c.priority).where(jobs.c.id == job_id)).first()
-        if row is not None and row.state in (FAILED, CANCELLED, PRUNED):  # else the guard below says why not
-            quotas.admit(conn, held, [row.priority], by="retry")
-        new = conn.execute(
-            update(jobs).where(jobs.c.id == job_id, jobs.c.state.in_((FAILED, CANCELLED, PRUNED)))
-            .values(state=QUEUED, attempt=0, finished_at=None, error=None, worker_id=None,
-                    lease_expires_at=None, result=None, queued_at=db_now())
-            .returning(jobs)).first()
-        if new is None:
-            state = conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar()
-            if state is None:
-                raise NotFound(f"job {job_id} not found")
-            raise Conflict(f"job {job_id} is {state}; only failed, cancelled or pruned jobs can be retried")
+        # FOR UPDATE, as cancel's: two retries of one job take turns, and the second sees the first's QUEUED.
+        row = conn.execute(select(jobs.c.state, jobs.c.priority).where(jobs.c.id == job_id).with_for_update()).first()
+        if row is None:
+            raise NotFound(f"job {job_id} not found")
+        if row.state not in (FAILED, CANCELLED, PRUNED):
+            raise Conflict(f"job {job_id} is {row.state}; only failed, cancelled or pruned jobs can be retried")
+        quotas.admit(conn, held, [row.priority], by="retry")
+        new = conn.execute(update(jobs).where(jobs.c.id == job_id).values(
+            state=QUEUED, attempt=0, finished_at=None, error=None, worker_id=None, lease_expires_at=None,
+            result=None, queued_at=db_now()).returning(jobs)).one()
         counters.add(conn, counters.requeued(counters.Trigger.REQUEST))
         wakeup.notify(conn)
     return Job.from_row(new)
@@ -249,10 +246,8 @@ def succeed(engine: Engine, job_id: int, claim_no: int, result: dict, artifact_p
 
 
 def fail(engine: Engine, job_id: int, claim_no: int, error: dict) -> str | None:
-    """Record a failed run. Retryable classes go back to the queue while attempts remain.
-
-    Returns the new state, or None if the job was no longer ours.
-    """
+    """Record a failed run: retryable classes go back to the queue while attempts remain. The new state, or None
+    if the job was no longer ours."""
     with write(engine) as conn:
         row = conn.execute(select(jobs.c.attempt, jobs.c.max_attempts, jobs.c.errors)
                            .where(_fenced(job_id, claim_no)).with_for_update()).first()
@@ -266,11 +261,9 @@ def _fail_row(conn, job_id: int, claim_no: int, row, error: dict) -> str:
     if error["class"] in RETRYABLE and not retry_it:
         error = {**error, "message": f"{error['message']} (gave up after {row.attempt} attempts)"}
     history = [*(row.errors or []), {**error, "attempt": row.attempt}]
-    values: dict[str, Any] = dict(error=error, errors=history, lease_expires_at=None)
-    if retry_it:
-        values.update(state=QUEUED, worker_id=None, queued_at=db_now())
-    else:
-        values.update(state=FAILED, finished_at=db_now())
+    ends = dict(state=QUEUED, worker_id=None, queued_at=db_now()) if retry_it else dict(state=FAILED,
+                                                                                         finished_at=db_now())
+    values: dict[str, Any] = dict(error=error, errors=history, lease_expires_at=None, **ends)
     new = conn.execute(update(jobs).where(_fenced(job_id, claim_no)).values(values).returning(*counters.ENDED)).first()
     counters.add(conn, counters.requeued(counters.Trigger.FAILURE, error) if retry_it else counters.ended(RUNNING, new))
     wakeup.notify(conn)  # queued again, or ended: either gives some worker something to do
