@@ -9,7 +9,8 @@ The ranks meet through a file store beside the run's checkpoints, or, given rank
 (`master`, for ranks on several hosts), through torch's own TCPStore there; NCCL on CUDA and gloo on
 the CPU (plus a gloo group for the stop vote, worker/stop_vote.py, so that vote never waits for the GPU), over the
 interface NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name where set. Only rank 0 reports, checkpoints and
-writes the artifact.
+writes the artifact. The TCPStore has no authentication: what the other ranks send rank 0 is tensors
+and JSON (gather), never a pickle, and the hosts' ports are for the fleet alone (docs/scaling-out.md).
 """
 import ctypes
 import fcntl
@@ -31,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from trainyard.app.states import Failure, error_record
-from trainyard.worker.errors import RendezvousFailed
+from trainyard.worker.errors import RankMessageRefused, RendezvousFailed
 
 PR_SET_PDEATHSIG = 1
 # Collectives wait this long for a missing rank; a rank that dies is noticed at once by rank 0's watch.
@@ -42,6 +43,9 @@ RENDEZVOUS_S = 60.0
 # Rank 0 whose collective broke waits this long for the rank that broke it to report why.
 REASON_WAIT_S = 2.0
 TERMINAL = ("done", "error", "preempted")
+# The most a rank sends rank 0 through gather() (each rank's random states take ~7 KB): rank 0 sets this
+# much aside per rank, so a larger size announced by a rogue peer is refused before anything is allocated.
+MAX_MESSAGE_BYTES = 1 << 20
 
 
 @dataclass
@@ -248,12 +252,36 @@ def total(values: torch.Tensor, world: World) -> torch.Tensor:
 
 
 def gather(obj: Any, world: World) -> list[Any] | None:
-    """Every rank's obj, in rank order, on rank 0 (None elsewhere); [obj] for one rank."""
+    """Every rank's obj (JSON: a tuple arrives a list, at any world size), in rank order, on rank 0 (None
+    elsewhere). As JSON in uint8 tensors, never pickled: any process that reaches the TCPStore may join,
+    and what it sends rank 0 must be bytes to refuse, not code to run (gather_object unpickles). Its
+    collectives are gather_object's (sizes all-gathered, then the padded bytes gathered), so a peer that
+    speaks pickle is refused at once (RankMessageRefused), not waited for until the timeout."""
+    data = json.dumps(obj).encode()
     if world.size == 1:
-        return [obj]
-    out = [None] * world.size if world.leader else None
-    dist.gather_object(obj, out, dst=0, group=world.control)
-    return out
+        return [json.loads(data)]
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world.size)]
+    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64), group=world.control)
+    lengths = [int(s.item()) for s in sizes]
+    for rank, n in enumerate(lengths):  # every rank sees every size: all refuse together, none waits
+        if not 0 < n <= MAX_MESSAGE_BYTES:
+            raise RankMessageRefused(f"rank {rank} would send rank 0 {n} bytes; a rank's message is 1 to "
+                                     f"{MAX_MESSAGE_BYTES} bytes of JSON")
+    mine = torch.zeros(max(lengths), dtype=torch.uint8)
+    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    out = [torch.empty_like(mine) for _ in range(world.size)] if world.leader else None
+    dist.gather(mine, out, dst=0, group=world.control)
+    if out is None:
+        return None
+    return [_decode(rank, t[:n]) for rank, (t, n) in enumerate(zip(out, lengths))]
+
+
+def _decode(rank: int, sent: torch.Tensor) -> Any:
+    try:
+        return json.loads(sent.numpy().tobytes().decode())
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise RankMessageRefused(f"rank {rank} sent rank 0 {sent.numel()} bytes that are not JSON (ranks' "
+                                 f"results travel as JSON, never pickled): refused unread") from exc
 
 
 def shard(idx: torch.Tensor, world: World) -> tuple[torch.Tensor, int, float]:

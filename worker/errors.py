@@ -3,7 +3,8 @@
 Raised in the job process and turned into the job's error record by worker/runner.py, which reads
 their class names: JobError is the job's own failure (never retried), Preempted a requested stop
 (requeued), DeviceFailure the host's trouble (retried on another worker), RendezvousFailed the
-network's between a job's ranks (retried). EvaluationOutOfMemory,
+network's between a job's ranks (retried), RankMessageRefused a rank's message that is not what a rank
+sends (retried). EvaluationOutOfMemory,
 a torch.OutOfMemoryError, stays with the messages of running out of GPU memory (torch_devices).
 """
 
@@ -24,3 +25,9 @@ class DeviceFailure(RuntimeError):
 class RendezvousFailed(RuntimeError):
     """A job's ranks could not meet at rank 0's address (unreachable, or a rank never came): the network's
     trouble, not the job's. An `infrastructure` failure, retried; the message names the address tried."""
+
+
+class RankMessageRefused(RendezvousFailed):
+    """A rank sent rank 0 something that is not JSON of the agreed size (a process other than the job's ranks
+    reached the rendezvous, or speaks another version's wire): refused unread, never unpickled. An
+    `infrastructure` failure, retried like a rendezvous that failed."""

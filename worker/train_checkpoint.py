@@ -1,13 +1,14 @@
 """Checkpoints of a training run, and resuming from one: at any step boundary, with everything needed
 to continue exactly where it stopped (weights, optimizer, scaler, scheduler, kept-best state, every
 rank's RNG states, the epoch's batch order and the interrupted epoch's loss sum so far)."""
+import base64
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from trainyard.worker import artifacts, distributed, torch_devices
-from trainyard.worker.errors import Preempted
+from trainyard.worker.errors import Preempted, RankMessageRefused
 from trainyard.worker.job_context import JobContext
 from trainyard.worker.train_setup import Run
 
@@ -42,6 +43,22 @@ def resume(run: Run, ctx: JobContext) -> Start:
     return Start(epoch=ck["epoch"], step=ck["step"], partial=ck["partial"], resumed=True)
 
 
+def _text(state: torch.Tensor | None) -> str | None:
+    """A random state (a uint8 tensor) as gather() carries it: base64 in JSON, never a pickle."""
+    return None if state is None else base64.b64encode(state.numpy().tobytes()).decode()
+
+
+def _rank_states(sent: list[Any]) -> list[dict[str, torch.Tensor | None]]:
+    """The ranks' random states, as tensors again, from what gather() brought rank 0."""
+    def state(text: Any) -> torch.Tensor | None:
+        return None if text is None else torch.frombuffer(bytearray(base64.b64decode(text, validate=True)),
+                                                          dtype=torch.uint8)
+    try:
+        return [{"torch_rng": state(got["torch_rng"]), "cuda_rng": state(got["cuda_rng"])} for got in sent]
+    except (TypeError, KeyError, ValueError) as exc:  # binascii.Error is a ValueError
+        raise RankMessageRefused("a rank's random state is not two base64 texts: refused") from exc
+
+
 def own_loop(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> dict[str, Any]:
     """saved (an optimizer's state_dict) with optimizer's own choice of loop, fused or foreach, in its groups.
     load_state_dict takes the groups' every setting from the checkpoint: one written before the service's
@@ -57,9 +74,10 @@ def checkpoint(run: Run, ctx: JobContext, epoch: int, step: int, shuffle_state: 
     """Write the checkpoint: `epoch` epochs done plus `step` batches of the next one. On several devices
     every rank calls this at the same point and rank 0 writes it, with each rank's random state."""
     rng = {"torch_rng": torch.get_rng_state(), "cuda_rng": torch_devices.cuda_rng_state(ctx.device)}
-    ranks_rng = distributed.gather(rng, run.world)
-    if ranks_rng is None:  # not rank 0: it has handed rank 0 its random state
+    sent = distributed.gather({k: _text(v) for k, v in rng.items()}, run.world)
+    if sent is None:  # not rank 0: it has handed rank 0 its random state
         return
+    ranks_rng = _rank_states(sent)
     state = {
         "epoch": epoch, "step": step,
         "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),
