@@ -204,8 +204,8 @@ class WorkerPublic(BaseModel):
     id: str
     host: str
     addr: str | None = Field(None, description="the address other hosts reach this worker's host at "
-                             "(TRAINYARD_NODE_ADDR); null when it gave none")
-    pid: int
+                             "(TRAINYARD_NODE_ADDR); null when it gave none, and for a token not an admin's")
+    pid: int | None = Field(description="its process id; null for a token not an admin's")
     device: str
     state: str = Field(description="idle, busy (running a job, or lending its device to one), unavailable (alive "
                        "but unable to use its device: see `unavailable`), stopping, stopped, or lost (no "

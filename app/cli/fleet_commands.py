@@ -20,11 +20,14 @@ def add_fleet_commands(add) -> None:
 
 def cmd_devices(client: Client, args) -> int:
     def render(d: dict) -> None:
-        console.print(f"CUDA available: {d['cuda_available']}  torch {d['torch_version']}  CUDA {d['cuda_version']}  "
-                      f"cuDNN {d['cudnn_version']}  driver {d['driver_version']}")
+        # A version the host lacks (no driver, a CPU build of torch) is left out rather than shown as None.
+        versions = "".join(f"  {name} {shown(d[key])}" for name, key in (
+            ("torch", "torch_version"), ("CUDA", "cuda_version"), ("cuDNN", "cudnn_version"),
+            ("driver", "driver_version")) if d.get(key) is not None)
+        console.print(f"CUDA available: {d['cuda_available']}{versions}")
         t = Table("device", "name", "cc", "used / total", "workers (torch allocated / reserved)")
         for g in d["cuda_devices"]:
-            ws = ", ".join(f"{w['id']} {w['state']} job {w['job_id']} "
+            ws = ", ".join(f"{worker_text(w)} "
                            f"({mib((w['torch'] or {}).get('memory_allocated'))} / "
                            f"{mib((w['torch'] or {}).get('memory_reserved'))})" for w in g["workers"])
             t.add_row(f"cuda:{g['index']}", shown(g["name"]), g["compute_capability"],
@@ -32,7 +35,7 @@ def cmd_devices(client: Client, args) -> int:
         cpu = d["cpu"]
         t.add_row("cpu", f"{cpu['cores']} cores", "",
                   f"{mib(cpu['memory_total'] - (cpu['memory_available'] or 0))} / {mib(cpu['memory_total'])}",
-                  shown(", ".join(f"{w['id']} {w['state']} job {w['job_id']}" for w in cpu["workers"]) or "-"))
+                  shown(", ".join(worker_text(w) for w in cpu["workers"]) or "-"))
         console.print(t)
         for w in d.get("other_workers") or []:  # GPU workers on no listed GPU: say why
             why = w.get("unavailable") or "GPU not listed"
@@ -40,6 +43,11 @@ def cmd_devices(client: Client, args) -> int:
 
     show(client.devices(), args.json, render)
     return 0
+
+
+def worker_text(w: dict) -> str:
+    """A worker as `devices` lists it: its id, its state and the job it runs (an idle one runs none)."""
+    return f"{w['id']} {w['state']}" + (f" job {w['job_id']}" if w.get("job_id") is not None else "")
 
 
 def cmd_workers(client: Client, args) -> int:
@@ -54,6 +62,6 @@ def worker_table(ws: list) -> None:
         state = f"{w['state']} (draining)" if w.get("draining") else w["state"]
         if w.get("unavailable"):
             state = f"{state}: {w['unavailable']}"
-        t.add_row(shown(w["id"]), shown(w["host"]), str(w["pid"]), shown(w["device"]), shown(state),
+        t.add_row(shown(w["id"]), shown(w["host"]), str(w["pid"] or "-"), shown(w["device"]), shown(state),
                   str(w["job_id"] or "-"), f"{w['last_heartbeat_age_s']:.1f}")
     console.print(t)

@@ -3,7 +3,7 @@ attempts, timeout, resources), and parse_spec, which re-validates a stored one."
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, TypeAdapter, field_validator, model_validator
+from pydantic import AfterValidator, Field, TypeAdapter, field_validator, model_validator
 
 from trainyard.app import device_names
 from trainyard.app.plugins import NAME as PLUGIN_NAME
@@ -26,8 +26,18 @@ BATCH_REF = r"^\$(0|[1-9][0-9]?)$"
 JobId = Annotated[int, Field(ge=1, le=MAX_ID)]
 JobRef = JobId | Annotated[str, Field(pattern=BATCH_REF)]
 # "sweep:<id>:best": a sweep's best trial, once the sweep ends (model_job and init_from).
-SWEEP_BEST = r"^sweep:[1-9][0-9]{0,15}:best$"
-ModelRef = JobRef | Annotated[str, Field(pattern=SWEEP_BEST)]
+SWEEP_BEST = r"^sweep:[1-9][0-9]{0,9}:best$"
+
+
+def _sweep_id_in_range(ref: str) -> str:
+    # The id is looked up in the sweeps' INTEGER column: a larger one is a 422 here, not a query that fails.
+    if int(ref.split(":")[1]) > MAX_ID:
+        raise ValueError(f"a sweep's id is at most {MAX_ID}")
+    return ref
+
+
+SweepBest = Annotated[str, Field(pattern=SWEEP_BEST), AfterValidator(_sweep_id_in_range)]
+ModelRef = JobRef | SweepBest
 # Largest magnitude a float32 holds: inputs beyond it would overflow to inf in the model.
 FLOAT32_MAX = 3.4028234663852886e38
 # What a job process may report per epoch (ctx.report) and keep beside its model (ctx.save_model's meta):

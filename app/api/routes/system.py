@@ -1,7 +1,9 @@
 """Routes about the service itself: devices, workers, health, /metrics.
 
 The fleet is everyone's to see, but a worker's job is shown only to those who may see that job (its project's
-members, admins): to anyone else the worker is busy with a job of id null. Draining is for admins."""
+members, admins): to anyone else the worker is busy with a job of id null. Where a worker's process lives (its
+host's address for other hosts, its process id) is for admins, who run the fleet: a member follows their jobs by
+a worker's id, host, device and state. Draining is for admins."""
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -31,7 +33,11 @@ async def get_devices(engine: EngineDep, settings: SettingsDep, who: WhoDep) -> 
     stats (from heartbeats), and the CPU. A worker's job_id is null unless the token may see that job."""
     def snapshot() -> dict[str, Any]:
         payload = devices_payload.snapshot(engine, settings.lease_s, settings.node)
-        _hide_jobs(engine, who, list(_payload_workers(payload)))
+        views = list(_payload_workers(payload))
+        _hide_jobs(engine, who, views)
+        if not who.admin:
+            for w in views:
+                w["pid"] = None
         return payload
     return as_json(await run_in_threadpool(snapshot))
 
@@ -61,10 +67,11 @@ def get_catalog(engine: EngineDep, settings: SettingsDep) -> Response:
 @router.get("/workers", response_model=list[WorkerPublic], operation_id="list_workers")
 def get_workers(engine: EngineDep, settings: SettingsDep, who: WhoDep,
                 include_stopped: bool = False) -> list[WorkerPublic]:
-    """Every worker (stopped ones too with include_stopped). job_id is null unless the token may see that job."""
+    """Every worker (stopped ones too with include_stopped). job_id is null unless the token may see that job;
+    addr and pid are null unless the token is an admin's."""
     workers, now = workers_registry.list_workers(engine, include_stopped=include_stopped)
     _hide_jobs(engine, who, workers)
-    return [_public(w, now, settings.lease_s) for w in workers]
+    return [_public(w, now, settings.lease_s, who.admin) for w in workers]
 
 
 WorkerId = Path(max_length=200, description="a worker's id, as GET /workers lists it")
@@ -92,7 +99,7 @@ def _set_draining(request: Request, engine, settings, who: Principal, worker_id:
     w = workers_registry.set_draining(engine, worker_id, draining)
     audit.record(engine, who, "drain" if draining else "undrain", f"worker {worker_id}", client_address(request))
     _, now = workers_registry.list_workers(engine)
-    return _public(w, now, settings.lease_s)
+    return _public(w, now, settings.lease_s, who.admin)
 
 
 def _hide_jobs(engine, who: Principal, workers: Iterable[dict]) -> None:
@@ -122,8 +129,9 @@ def _payload_workers(payload: dict[str, Any]) -> Iterator[dict]:
     yield from payload["other_workers"]
 
 
-def _public(w: dict, now: float, lease_s: float) -> WorkerPublic:
-    return WorkerPublic(id=w["id"], host=w["host"], addr=(w["stats"] or {}).get("addr"), pid=w["pid"],
+def _public(w: dict, now: float, lease_s: float, admin: bool) -> WorkerPublic:
+    return WorkerPublic(id=w["id"], host=w["host"], addr=(w["stats"] or {}).get("addr") if admin else None,
+                        pid=w["pid"] if admin else None,
                         device=w["device"],
                         state=workers_registry.worker_state(w, now, lease_s), job_id=w["job_id"],
                         started_at=ts(w["started_at"]), last_heartbeat=ts(w["last_heartbeat"]),
