@@ -91,6 +91,15 @@ def beyond(engine: Engine, job: Job, last: EventId) -> bool:
     return last > (job.claim, epoch, 2 * _key(job) + (1 if job.state in TERMINAL else 0))
 
 
+def _opened(job: Job, state: JobState, k: int) -> Job:
+    """The job as its run opened, for the opening state: at the epoch it resumed from (k), no epoch of its own
+    reported, not ended. A stream read after the run had gone on (or ended) would otherwise show its latest
+    epoch, and then the run's epochs from the first (`submit --wait` printed epoch 20/20, then 1/20). Made of
+    the job and k alone, the opening is the same event whichever event a read resumes after."""
+    return replace(job, state=state, epoch=None if job.epoch is None else k, latest_metrics=None,
+                   finished_at=None, result=None)
+
+
 def following(engine: Engine, job_id: int, last: EventId | None, limit: int, max_bytes: int
               ) -> tuple[list[Event], str]:
     """The events after `last` (None or RESET: from the start), as far as one page of epochs; and what next:
@@ -111,13 +120,13 @@ def following(engine: Engine, job_id: int, last: EventId | None, limit: int, max
     records, more = job_reads.metrics_page(engine, job.id, last[1], limit, max_bytes)
     for m in records:
         if open_now and m["epoch"] > k:  # the run's own epochs come after its opening
-            out.append(("state", replace(job, state=opening) if ended else job, (run, k, 0)))
+            out.append(("state", _opened(job, opening, k), (run, k, 0)))
             open_now = False
         out.append(("epoch", m, (run, m["epoch"])))
     if more:
         return out, "more"
     if open_now:
-        out.append(("state", replace(job, state=opening) if ended else job, (run, k, 0)))
+        out.append(("state", _opened(job, opening, k), (run, k, 0)))
     if not ended:
         return out, "poll"
     epoch = records[-1]["epoch"] if records else last_epoch(engine, job.id)

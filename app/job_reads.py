@@ -11,6 +11,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from trainyard.app.db import jobs, metrics, read
 from trainyard.app.errors import NotFound
 from trainyard.app.records import Job
+from trainyard.app.states import JobState
 
 
 def ping(engine: Engine) -> None:
@@ -36,6 +37,21 @@ def claimed_since(engine: Engine, job_id: int, claim_no: int) -> bool:
     with read(engine) as conn:
         return conn.execute(select(jobs.c.id).where(jobs.c.id == job_id, jobs.c.claim == claim_no)).first() is None
 
+
+def why_lost(engine: Engine, job_id: int, claim_no: int) -> str:
+    """Why claim_no's run of the job no longer holds it, for that run's log: the job was cancelled or pruned (its
+    error's words), taken over by another claim, queued again, or deleted."""
+    with read(engine) as conn:
+        row = conn.execute(select(jobs.c.state, jobs.c.claim, jobs.c.worker_id, jobs.c.error)
+                           .where(jobs.c.id == job_id)).first()
+    if row is None:
+        return "deleted"
+    if row.claim != claim_no:
+        return f"taken over: run {row.claim} of it is {row.state}" + (f" on {row.worker_id}" if row.worker_id else "")
+    if row.state == JobState.QUEUED:
+        return "queued again: its lease ran out"
+    message = str((row.error or {}).get("message") or "")
+    return message if message.startswith(row.state) else f"{row.state}: {message}" if message else row.state
 
 def list_jobs(engine: Engine, state: str | None = None, kind: str | None = None,
               limit: int = 50, offset: int = 0, leave_out: tuple[str, ...] = (),

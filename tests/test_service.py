@@ -175,6 +175,9 @@ def test_up_runs_server_and_worker_and_stops_on_ctrl_c(tmp_path):
     finally:
         up.send_signal(signal.SIGINT)  # Ctrl-C
         assert up.wait(timeout=60) == 0
+    # Its start-up line says where the dashboard, the API's docs and its health check are.
+    said = up.stderr.read() if up.stderr else ""
+    assert f"dashboard at http://127.0.0.1:{svc.port}/," in said and "/docs" in said and "/healthz" in said, said
     for pid in children:
         with pytest.raises(ProcessLookupError):
             os.kill(int(pid), 0)

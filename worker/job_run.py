@@ -159,11 +159,17 @@ class JobRun:
             self.proc.join(timeout=KILL_GRACE_S)
         self.kill()
 
-    def lost(self, why: str = "cancelled, pruned or taken over") -> None:
+    def lost(self, why: str | None = None) -> None:
         """The job was ended (cancelled, pruned by its sweep) or taken over by another worker, or its lease
-        ran out: stop our copy, write nothing (every write is fenced)."""
+        ran out: stop our copy, write nothing (every write is fenced). The log says which (why, or the row's)."""
         self.stop_now()
         self.outcome = "lost"
+        if why is None:
+            try:
+                why = self.db(job_reads.why_lost)
+            except Exception as exc:  # the database away: the log says what is known
+                log.warning("job %s: why it is no longer ours could not be read: %s", self.job.id, exc)
+                why = "cancelled, pruned or taken over"
         self.log(f"job is no longer ours ({why}): process stopped")
         self.sum_up()
 

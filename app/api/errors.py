@@ -12,6 +12,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from trainyard.app.api.field_names import did_you_mean
 from trainyard.app.errors import StorageFull, TrainyardError, Unavailable
 
 log = logging.getLogger("trainyard.api")
@@ -40,8 +41,14 @@ async def _validation(request: Request, exc: RequestValidationError) -> JSONResp
     # Name the field and say what is wrong, without echoing the input back: it may be huge, or a
     # NaN that cannot even be written as JSON.
     tags = _union_tags(request.app)
-    detail = [{"loc": _as_written([p if isinstance(p, (int, str)) else str(p) for p in e["loc"]], exc.body, tags),
-               "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+    detail = []
+    for e in exc.errors():
+        loc = [p if isinstance(p, (int, str)) else str(p) for p in e["loc"]]
+        written, msg = _as_written(loc, exc.body, tags), e["msg"]
+        # A misspelt field (train.epcohs) names the one meant, found among the model's own fields.
+        if e["type"] == "extra_forbidden" and (near := did_you_mean(request, loc)):
+            msg = f"{msg}; did you mean `{near}`?"
+        detail.append({"loc": written, "msg": msg, "type": e["type"]})
     return JSONResponse({"detail": detail}, status_code=422)
 
 

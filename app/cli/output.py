@@ -19,11 +19,12 @@ import json
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, BinaryIO
 
 from rich.console import Console
 from rich.markup import escape
+from rich.segment import Segment
 from rich.text import Text
 
 from trainyard.app.client import APIError, describe
@@ -32,6 +33,18 @@ from trainyard.app.text import escaped
 
 # A width no line reaches: off a terminal, Rich would otherwise wrap text and cut table cells at 80 columns.
 UNWRAPPED = 1_000_000
+# The spaces that end a line (before any closing colour codes, where colour is forced off a terminal).
+_TRAILING = re.compile(r" +(?=(?:\x1b\[[0-9;]*m)*$)", re.M)
+
+
+class _Console(Console):
+    """Rich's console, but off a terminal no line ends in spaces: a table pads every cell to its column's widest,
+    and at the width of UNWRAPPED a key-value table's last column (a job's result) padded each line of
+    `trainyard status` with hundreds of spaces."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:  # Rich's one place that turns output into text
+        text = super()._render_buffer(buffer)
+        return text if self.is_terminal else _TRAILING.sub("", text)
 
 
 def _console(stderr: bool) -> Console:
@@ -40,7 +53,7 @@ def _console(stderr: bool) -> Console:
         tty = stream.isatty()
     except (AttributeError, ValueError):  # None, or closed
         tty = False
-    return Console(stderr=stderr, width=None if tty else UNWRAPPED)
+    return _Console(stderr=stderr, width=None if tty else UNWRAPPED)
 
 
 console = _console(stderr=False)
