@@ -39,6 +39,20 @@ $(OTHER_PYTHONS_STAMP): pyproject.toml | $(BIN)/python
 	done
 	touch $@
 
+# The worker's tests on the oldest torch the worker extra allows (tests/test_torch_floor.py), in a venv of its own
+# under $(VENV)/torch-floor: that torch and torchvision (PyPI's CUDA builds, which run on the CPU), then the
+# project and its test extra around them. Keep TORCH_FLOOR at the lower bound of the worker extra's torch.
+TORCH_FLOOR ?= 2.9.1
+TORCHVISION_FLOOR ?= 0.24.1
+FLOOR_STAMP := $(VENV)/torch-floor/.installed
+$(FLOOR_STAMP): pyproject.toml examples/plugin/pyproject.toml | $(BIN)/python
+	$(PYTHON) -m venv --clear $(VENV)/torch-floor
+	printf 'torch==%s\ntorchvision==%s\n' $(TORCH_FLOOR) $(TORCHVISION_FLOOR) > $(VENV)/torch-floor/constraints.txt
+	$(VENV)/torch-floor/bin/pip install --quiet --disable-pip-version-check -c $(VENV)/torch-floor/constraints.txt \
+	  'setuptools>=77' -e '.[test]'
+	$(VENV)/torch-floor/bin/pip install --quiet --disable-pip-version-check --no-build-isolation -e examples/plugin
+	touch $@
+
 # make run: what running needs, the worker's torch included (the worker extra), and the example plugin (a model,
 # a dataset, an entrypoint), which the README's walk-through uses. No test tools, no browser.
 $(BIN)/.installed-run: pyproject.toml examples/plugin/pyproject.toml | $(BIN)/python
@@ -47,8 +61,8 @@ $(BIN)/.installed-run: pyproject.toml examples/plugin/pyproject.toml | $(BIN)/py
 	$(BIN)/pip install --quiet --no-build-isolation -e examples/plugin
 	touch $@
 
-# make test: the test extra on top, and the other Pythons the install tests use (above).
-$(BIN)/.installed: $(BIN)/.installed-run $(OTHER_PYTHONS_STAMP)
+# make test: the test extra on top, the other Pythons the install tests use and the torch floor's venv (above).
+$(BIN)/.installed: $(BIN)/.installed-run $(OTHER_PYTHONS_STAMP) $(FLOOR_STAMP)
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 

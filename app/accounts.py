@@ -112,7 +112,8 @@ def add_user(engine: Engine, name: str, admin: bool = False) -> dict[str, Any]:
     if _name("user", name) == ROOT:
         raise Conflict(f"user {ROOT!r} is TRAINYARD_API_TOKEN's")
     with write(engine) as conn:
-        user_id = _insert(conn, users, {"name": name, "admin": admin, "created_at": time.time()}, f"user {name!r}")
+        # The database's clock, as a sweep's created_at (sweep_reads.owner_of compares the two).
+        user_id = _insert(conn, users, {"name": name, "admin": admin, "created_at": db_now()}, f"user {name!r}")
     return {"id": user_id, "name": name, "admin": admin, "projects": []}
 
 

@@ -34,11 +34,13 @@ def visible(engine: Engine, sweep_id: int, who: Principal | None) -> None:
 
 def owner_of(engine: Engine, sweep: Sweep) -> Principal:
     """Who the sweep acts as when its driver admits a trial: its owner in its project, an admin if the owner
-    is one (or the sweep predates accounts)."""
+    is one (or the sweep predates accounts). A user made after the sweep is not its owner, even by the same name:
+    an owner deleted and the name given to a new admin leaves the sweep a member's."""
     admin = sweep.project_id is None or sweep.owner in (None, ROOT)
     if not admin:
         with read(engine) as conn:
-            admin = bool(conn.execute(select(users.c.admin).where(users.c.name == sweep.owner)).scalar())
+            admin = bool(conn.execute(select(users.c.admin).where(
+                users.c.name == sweep.owner, users.c.created_at <= sweep.created_at)).scalar())
     return Principal(sweep.owner or ROOT, admin, sweep.project_id)
 
 

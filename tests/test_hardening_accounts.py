@@ -214,3 +214,27 @@ def test_the_sign_in_cookie_holds_a_session_not_the_token_and_ends_with_the_toke
     assert httpx.delete(f"{svc.url}/session", cookies=admin_cookie).status_code == 204
     assert httpx.get(f"{svc.url}/me", cookies=admin_cookie).status_code == 401
 
+
+
+def test_a_sweep_is_never_its_deleted_owners_namesake(engine):
+    """A running sweep admits its trials as its owner: a user deleted and the name given to a new admin must not
+    make the old sweep an admin's (past the project's limits)."""
+    from typing import cast
+
+    from sqlalchemy import select
+
+    from trainyard.app import accounts, sweep_reads
+    from trainyard.app.db import db_now, read
+    from trainyard.app.records import Sweep, SweepPlan
+    from trainyard.app.states import SweepState
+    accounts.add_project(engine, "vision")
+    accounts.add_user(engine, "dan", admin=True)
+    with read(engine) as conn:
+        now = conn.execute(select(db_now())).scalar_one()
+    project_id = accounts.get_project(engine, "vision")["id"]
+    sweep = Sweep(1, None, SweepState.RUNNING, now, None, None, 0, cast(SweepPlan, None), project_id=project_id,
+                  owner="dan")
+    assert sweep_reads.owner_of(engine, sweep).admin  # dan, an admin when the sweep was made
+    accounts.delete_user(engine, "dan", actor="admin")
+    accounts.add_user(engine, "dan", admin=True)  # a new person, an admin, by the old name
+    assert not sweep_reads.owner_of(engine, sweep).admin
