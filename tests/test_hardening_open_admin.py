@@ -84,8 +84,8 @@ def test_a_users_token_acts_as_its_user_from_anywhere(tmp_path):
     finally:
         svc.stop()
     settings = Settings(data_dir=tmp_path / "data", database_url="", api_token=None)
-    me, admin = calls(settings, OUTSIDER, ("GET", "/me", {"headers": {"Authorization": f"Bearer {team.tokens['ann']}"}}),
-                      ("GET", "/admin/users", {"headers": {"Authorization": f"Bearer {team.tokens['ann']}"}}))
+    ann = {"headers": {"Authorization": f"Bearer {team.tokens['ann']}"}}
+    me, admin = calls(settings, OUTSIDER, ("GET", "/me", ann), ("GET", "/admin/users", ann))
     assert me.json() == {"user": "ann", "admin": False, "project": "alpha"}
     assert admin.status_code == 403
 
