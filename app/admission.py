@@ -278,3 +278,11 @@ def why_waiting(engine: Engine, settings: Settings, found: list[Job]) -> dict[in
         limited = fair_share.at_limit(conn, queued)
     return {j.id: dependencies.waiting_for(unmet[j.id]) if j.id in unmet
             else placement.why_waiting(j, live) or limited.get(j.id) for j in queued}
+
+
+def waiting_at_submit(engine: Engine, named: list[Job]) -> dict[int, str]:
+    """What jobs just submitted, that name others (dependencies.names_any), wait on by their own spec: one indexed
+    read, none when none names any. POST /jobs answers it; the fleet's part of waiting_for (no worker for the
+    device, a project's limits) is GET's, which reads the workers and the running jobs."""
+    return {job_id: dependencies.waiting_for(deps) for job_id, deps in dependencies.unmet(
+        engine, [j.id for j in named]).items()}

@@ -46,6 +46,11 @@ def waits_on(spec: TrainJob | PredictJob | RunJob) -> list[int]:
     return sorted({ref for _, ref in references(spec) if isinstance(ref, int)})
 
 
+def names_any(spec: TrainJob | PredictJob | RunJob) -> bool:
+    """Whether the spec names a job or a sweep it waits for (a batch's "$N" included, before it is resolved)."""
+    return bool(references(spec))
+
+
 def batch_position(ref: str, position: int | None, loc: tuple) -> int:
     """The position a "$N" reference names, once it is valid where it is: in a batch (position is the
     referring job's own), and before the job that refers to it."""

@@ -10,7 +10,7 @@ from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.engine import Engine
 
-from trainyard.app import admission, audit, deletion, job_reads, job_summaries, queue, submit, visibility
+from trainyard.app import admission, audit, deletion, dependencies, job_reads, job_summaries, queue, submit, visibility
 from trainyard.app.accounts import Principal
 from trainyard.app.api.deps import EngineDep, ReaderDep, SettingsDep, WhoDep, client_address
 from trainyard.app.api.schemas import HEAVY, NOT_FOUND, JobPublic, JobsPublic, job_fields, responses
@@ -63,8 +63,8 @@ def _submit(engine, settings, spec, idempotency_key, who: Principal, client: str
                                   project_id=who.project_id, owner=who.user, who=who)
     if created:  # a retry answered with the job it made changed nothing
         audit.record(engine, who, "submit", f"job {job.id}", client, {"kind": job.kind})
-    # Answered as GET /jobs/{id} would answer it now: a job that waits on another says so from the start.
-    return job, created, admission.why_waiting(engine, settings, [job]).get(job.id)
+    # A job that waits on another says so from the start (GET adds the fleet's view: workers, limits).
+    return job, created, admission.waiting_at_submit(engine, [job] if dependencies.names_any(spec) else []).get(job.id)
 
 
 @router.post("/batch", status_code=201, response_model=list[JobPublic], operation_id="submit_jobs",
@@ -85,7 +85,8 @@ def _submit_batch(engine, settings, specs, who: Principal, client: str | None):
     batch = [job.id for job in created]
     for job in created:  # one record a job, each naming its batch
         audit.record(engine, who, "submit", f"job {job.id}", client, {"kind": job.kind, "batch": batch})
-    return created, admission.why_waiting(engine, settings, created)
+    named = [job for job, spec in zip(created, specs) if dependencies.names_any(spec)]
+    return created, admission.waiting_at_submit(engine, named)
 
 
 @router.get("", response_model=JobsPublic, operation_id="list_jobs")
