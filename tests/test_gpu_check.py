@@ -124,7 +124,7 @@ def test_make_builds_with_python_3_11_and_names_it_otherwise(tmp_path):
                           text=True, check=True).stdout
     if shutil.which("python3.11"):
         assert f"{shutil.which('python3.11')} -m venv {tmp_path / 'v'}" in plan
-    assert "pip install --quiet -e '.[gpu-check]'" in plan and "trainyard gpu-check" in plan
+    assert "pip install --quiet -e '.[worker,gpu-check]'" in plan and "trainyard gpu-check" in plan
     assert "chromium" not in plan and "apt-get" not in plan  # no browser, no root
     old = tmp_path / "python3.10"
     old.write_text("#!/bin/sh\n[ \"$1\" = --version ] && echo Python 3.10.12 && exit 0\nexit 1\n")

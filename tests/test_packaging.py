@@ -119,8 +119,8 @@ def test_the_cuda_tests_need_nothing_of_the_test_extra():
     files `gpu-check` collects, and their conftest, import with only what the image installs."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    image = installed_closure(project["dependencies"] + extras["postgres"] + extras["s3"] + extras["export"] +
-                              extras["gpu-check"]) | {"trainyard"}
+    image = installed_closure(project["dependencies"] + extras["worker"] + extras["postgres"] + extras["s3"] +
+                              extras["export"] + extras["gpu-check"]) | {"trainyard"}
     blocked = sorted(m for m, dists in importlib.metadata.packages_distributions().items()
                      if not {canonicalize_name(d) for d in dists} & image and m.isidentifier())
     assert {"playwright", "sklearn", "moto", "schemathesis"} <= set(blocked)  # what only the test extra brings
