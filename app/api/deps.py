@@ -1,6 +1,5 @@
 """Dependencies shared by the routes: settings, the engine (and its loop reader), and who is asking (the bearer
 token's principal)."""
-import ipaddress
 import secrets
 from typing import Annotated
 
@@ -8,7 +7,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.engine import Engine
 
-from trainyard.app import accounts, sessions
+from trainyard.app import accounts, operator_token, sessions
 from trainyard.app.accounts import Principal
 from trainyard.app.api.reads import LoopReader
 from trainyard.app.settings import Settings
@@ -85,14 +84,8 @@ FORWARDED = ("forwarded", "x-forwarded-for", "x-real-ip")
 def at_the_machine(request: Request) -> bool:
     """Whether the request's own connection (its peer address, which the client cannot write) comes from this
     machine's loopback, not relayed by a proxy. Host and the other headers the client writes decide nothing."""
-    peer = request.client.host if request.client else None
-    try:
-        ip = ipaddress.ip_address(peer or "")
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback and not any(h in request.headers for h in FORWARDED)
+    peer = request.client.host if request.client else ""
+    return operator_token.loopback(peer) and not any(h in request.headers for h in FORWARDED)
 
 
 async def require_admin(who: Annotated[Principal, Depends(require_token)]) -> Principal:
