@@ -1,6 +1,7 @@
 """The /devices payload builder, fed numbers shaped like a real 8x H100 host and like this CPU-only machine;
 which GPU a worker's device is (by UUID: mixed hosts, CUDA_VISIBLE_DEVICES's forms, MIG), and why a
 worker cannot use its device, from readings shaped like NVML's and torch's."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_job
+from tests.service import ROOT
 from trainyard.app import devices_payload, gpu_order, hardware, nvml
 
 GiB = 2**30
@@ -351,21 +353,54 @@ def execute(tmp_path, device):
     return final
 
 
+# CUDA errors as torch raised them on an H200 (tests/fixtures/gpu/record_failures.py): the exception's message,
+# after "torch.AcceleratorError: " in the recorded traceback.
+RECORDED = json.loads((ROOT / "tests" / "fixtures" / "gpu" / "cuda_failures_h200.json").read_text())
+
+
+def recorded(case: str) -> str:
+    return RECORDED[case]["stderr_tail"].split("Error: ", 1)[1]
+
+
+def like_recorded(name: str, text: str) -> str:
+    """A CUDA error no test can cause on purpose (an ECC fault, a GPU off the bus), in the words torch used for
+    the device-side assert it raised for real: only the description and the cudaError name differ."""
+    return recorded("device_assert").replace("device-side assert triggered", text).replace("cudaErrorAssert", name)
+
+
+def test_cuda_errors_are_told_apart_by_their_cudaerror_as_recorded_on_a_gpu():
+    from trainyard.worker import torch_devices
+    assert_message, ordinal = recorded("device_assert"), recorded("invalid_device_ordinal")
+    assert torch_devices.cuda_error(assert_message) == "cudaErrorAssert"  # named by torch itself
+    # The job's own faults, as the card raised them: not the device's.
+    assert not torch_devices.is_device_failure(torch.AcceleratorError(assert_message))
+    assert not torch_devices.is_device_failure(torch.AcceleratorError(ordinal))
+    assert not torch_devices.is_device_failure(torch.OutOfMemoryError(recorded("oom")))
+    for name, text in torch_devices.DEVICE_ERRORS.items():
+        named = like_recorded(name, text)
+        assert torch_devices.cuda_error(named) == name
+        assert torch_devices.is_device_failure(torch.AcceleratorError(named))
+        # Without torch's "Search for" line (as the bad ordinal came), by the runtime's description alone.
+        bare = f"CUDA error: {text}\n" + ordinal.split("\n", 1)[1]
+        assert torch_devices.cuda_error(bare) == name and torch_devices.is_device_failure(RuntimeError(bare))
+    # Words that only a kernel log prints name no cudaError: a job's message quoting them is the job's.
+    assert not torch_devices.is_device_failure(RuntimeError("GPU has fallen off the bus"))
+
+
 @pytest.mark.parametrize("message", [
-    "CUDA error: uncorrectable ECC error encountered\nCUDA kernel errors might be asynchronously reported at some "
-    "other API call, so the stacktrace below might be incorrect.",
+    like_recorded("cudaErrorECCUncorrectable", "uncorrectable ECC error encountered"),
     "CUDA error: CUDA-capable device(s) is/are busy or unavailable",
-    "CUDA error: unspecified launch failure; GPU has fallen off the bus",
+    like_recorded("cudaErrorUnknown", "unknown error"),
 ])
 def test_a_device_that_fails_under_a_job_is_an_infrastructure_failure(tmp_path, monkeypatch, message):
     from trainyard.worker import train
 
     def fails(spec, ctx):
-        raise RuntimeError(message)  # as torch raises them (torch.AcceleratorError is a RuntimeError)
+        raise torch.AcceleratorError(message)  # as torch raises them (a RuntimeError)
     monkeypatch.setattr(train, "train", fails)
     error = execute(tmp_path, "cpu")["error"]
     assert (error["class"], error["type"], error["rank"]) == ("infrastructure", "DeviceFailure", 0)
-    assert error["message"].startswith(f"device cpu failed: RuntimeError: {message.splitlines()[0]}")
+    assert error["message"].startswith(f"device cpu failed: AcceleratorError: {message.splitlines()[0]}")
     # A device this worker does not have (no CUDA here; no 64th GPU on a GPU host): not the job's fault either.
     error = execute(tmp_path, "cuda:63")["error"]
     assert (error["class"], error["type"]) == ("infrastructure", "DeviceFailure") and "cuda:63" in error["message"]
@@ -375,7 +410,7 @@ def test_the_job_is_still_the_jobs_own_failure_when_its_code_fails(tmp_path, mon
     from trainyard.worker import train
 
     def fails(spec, ctx):
-        raise RuntimeError("CUDA error: device-side assert triggered")  # an index out of range in the job's code
+        raise torch.AcceleratorError(recorded("device_assert"))  # an index out of range in the job's code
     monkeypatch.setattr(train, "train", fails)
     assert execute(tmp_path, "cpu")["error"]["class"] == "job"
 

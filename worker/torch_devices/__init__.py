@@ -12,7 +12,8 @@ names below (torch_devices.resolve, torch_devices.autocast...); each lives in on
 from trainyard.worker.errors import DeviceFailure
 from trainyard.worker.torch_devices.device import (
     CUBLAS_WORKSPACE_CONFIG,
-    DEVICE_FAILURES,
+    DEVICE_ERRORS,
+    cuda_error,
     cuda_rng_state,
     is_device_failure,
     limit_memory_fraction,
@@ -50,10 +51,10 @@ from trainyard.worker.torch_devices.switches import (
 )
 
 __all__ = [
-    "BF16_MIN_CAPABILITY", "CUBLAS_WORKSPACE_CONFIG", "DATA_ON_DEVICE_SHARE", "DEVICE_FAILURES", "SMALL_STEP_FLOPS",
+    "BF16_MIN_CAPABILITY", "CUBLAS_WORKSPACE_CONFIG", "DATA_ON_DEVICE_SHARE", "DEVICE_ERRORS", "SMALL_STEP_FLOPS",
     "DeviceFailure", "EvaluationOutOfMemory", "autocast", "choose_precision", "compile_model", "configure",
     "cuda_rng_state", "data_fits_device", "fit_cpu_threads", "fits_on_device", "format_oom", "grad_scaler",
-    "is_device_failure", "job_budget", "limit_memory_fraction", "memory_stats", "oom_message",
+    "cuda_error", "is_device_failure", "job_budget", "limit_memory_fraction", "memory_stats", "oom_message",
     "prepare_deterministic", "reset_peak_memory", "resolve", "resolve_precision", "set_cuda_rng_state",
     "step_flops", "use_channels_last", "use_device", "warm_up_batch",
 ]

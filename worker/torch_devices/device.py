@@ -3,6 +3,7 @@
 The job process calls these first, before anything of the job touches the device (worker/runner.py).
 """
 import os
+import re
 
 import torch
 
@@ -45,16 +46,51 @@ def resolve(device: str) -> torch.device:
     return torch.device("cuda", index)
 
 
-# Words of CUDA's and torch's errors that say the device or its driver failed, not the job's code.
-DEVICE_FAILURES = ("uncorrectable ECC error", "busy or unavailable", "no CUDA-capable device is detected",
-                   "driver version is insufficient", "CUDA driver initialization failed", "fallen off the bus",
-                   "Found no NVIDIA driver", "system not yet initialized", "CUDA error: initialization error")
+# The CUDA runtime's errors (cudaError_t) that say the device or its driver failed, not the job's code, each by
+# its name and by the runtime's own description of it (cudaGetErrorString). torch raises a CUDA error as
+# "CUDA error: <description>", with "Search for `<name>'" beside it where it knows the name (recorded on an H200:
+# tests/fixtures/gpu/cuda_failures_h200.json). The ones a job's own code causes (a device-side assert, an illegal
+# address, a bad device ordinal, a launch failure) are not here: they are the job's.
+DEVICE_ERRORS = {
+    "cudaErrorInitializationError": "initialization error",
+    "cudaErrorInsufficientDriver": "CUDA driver version is insufficient for CUDA runtime version",
+    "cudaErrorDevicesUnavailable": "CUDA-capable device(s) is/are busy or unavailable",
+    "cudaErrorNoDevice": "no CUDA-capable device is detected",
+    "cudaErrorECCUncorrectable": "uncorrectable ECC error encountered",
+    "cudaErrorNvlinkUncorrectable": "uncorrectable NVLink error detected during the execution",
+    "cudaErrorHardwareStackError": "hardware stack error",
+    "cudaErrorLaunchTimeout": "the launch timed out and was terminated",
+    "cudaErrorSystemNotReady": "system not yet initialized",
+    "cudaErrorSystemDriverMismatch": "system has unsupported display driver / cuda driver combination",
+    "cudaErrorUnknown": "unknown error",  # what a GPU that fell off the bus (XID 79) answers every call with
+}
+# torch's own words when CUDA cannot start at all in the job process (no driver, or one that fails to load).
+NO_DRIVER = ("Found no NVIDIA driver on your system", "CUDA driver initialization failed")
+_NAME = re.compile(r"Search for `(cudaError\w+)'")
+_DESCRIPTION = re.compile(r"CUDA error: ([^\n]*)")
+_BY_DESCRIPTION = {text: name for name, text in DEVICE_ERRORS.items()}
+
+
+def cuda_error(message: str) -> str | None:
+    """The cudaError_t name a torch error message carries: its own "Search for" name, else the one whose
+    description it quotes (of DEVICE_ERRORS'); None for neither."""
+    named = _NAME.search(message)
+    if named:
+        return named.group(1)
+    quoted = _DESCRIPTION.search(message)
+    return _BY_DESCRIPTION.get(quoted.group(1).strip().rstrip(".")) if quoted else None
 
 
 def is_device_failure(exc: BaseException) -> bool:
-    """Whether an exception of a running job is its device failing (an `infrastructure` failure)."""
-    return isinstance(exc, DeviceFailure) or (isinstance(exc, RuntimeError)
-                                              and any(words in str(exc) for words in DEVICE_FAILURES))
+    """Whether an exception of a running job is its device failing (an `infrastructure` failure): a DeviceFailure,
+    or a CUDA error (torch.AcceleratorError, a RuntimeError in older torch) whose cudaError_t is a device's or
+    driver's, or torch finding no working driver. Out of memory is never one (torch.OutOfMemoryError: `oom`)."""
+    if isinstance(exc, DeviceFailure):
+        return True
+    if not isinstance(exc, RuntimeError) or isinstance(exc, torch.OutOfMemoryError):
+        return False
+    message = str(exc)
+    return cuda_error(message) in DEVICE_ERRORS or any(words in message for words in NO_DRIVER)
 
 
 def limit_memory_fraction(device: torch.device, fraction: float | None) -> None:
