@@ -13,6 +13,10 @@ THREADS sets torch's intra-op thread count (bench/train_throughput.py tries each
   PyTorch has the kernel), where seed000 and seed002 keep the tutorials' per-tensor ones.
 Every epoch's clock stops only once the device has finished the epoch's work (`now`): on CUDA the
 loops' calls return as soon as the kernels are queued, and their clock would measure the launches.
+Every loop runs with the numerics the service applies to the same spec (worker/torch_devices/switches.py:
+TF32, cuDNN's autotuner, determinism; the tight loop its precision too), applied by the same function, and
+prints them (`numerics`) for bench/train_throughput.py to show beside the service's: a ratio then measures
+the service, not a switch one side had on.
 """
 import json
 import sys
@@ -25,6 +29,7 @@ from torch import nn
 from bench.cases import CASES
 from trainyard.app.spec import TrainJob, parse_spec
 from trainyard.worker import data, nets, train_setup
+from trainyard.worker.torch_devices import switches
 
 
 def now(device: torch.device) -> float:
@@ -58,6 +63,8 @@ def tight(spec, d, device, epochs):
     model = nets.build_model(spec.model, d.input_shape, len(d.class_names)).to(device)
     criterion = nn.CrossEntropyLoss()
     optimizer = train_setup.make_optimizer(spec.train, model)
+    precision, _ = switches.resolve_precision(device, spec.train.precision)
+    scaler = switches.grad_scaler(device, precision)
     x, y, bs = d.x_train.to(device), d.y_train.to(device), spec.train.batch_size
     seconds = []
     for _ in range(epochs):
@@ -71,10 +78,12 @@ def tight(spec, d, device, epochs):
             else:
                 idx = perm[i:i + bs]
                 xb, yb = x[idx], y[idx]
-            loss = criterion(model(xb), yb)
+            with switches.autocast(device, precision):
+                loss = criterion(model(xb), yb)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             total += loss.detach()
         total.item()
         seconds.append(now(device) - start)
@@ -125,8 +134,18 @@ def main() -> None:
     if len(sys.argv) > 6:
         torch.set_num_threads(int(sys.argv[6]))
     d = data.load(spec.data, data_dir)
+    applied = switches.configure(device, spec.train)  # the service's own switches, for this spec and device
     seconds, n = LOOPS[loop](spec, d, device, epochs)
-    print(json.dumps({"seconds": seconds, "samples": n}))
+    print(json.dumps({"seconds": seconds, "samples": n, "numerics": numerics(applied)}))
+
+
+def numerics(applied: dict) -> str:
+    """The switches that change a step's arithmetic or speed, in one line: the service's job result holds the
+    same `applied` keys."""
+    return ", ".join(f"{key} {applied.get(key, '-')}" for key in NUMERICS)
+
+
+NUMERICS = ("tf32", "cudnn_benchmark", "deterministic", "precision")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import torch
 
 from bench.cases import CASES, TARGETS, YARDSTICKS
 from bench.common import PROD_ENV, ROOT, iso_s, load_note
+from bench.loops import numerics
 from trainyard.app.launcher import Service
 from trainyard.app.states import TERMINAL, JobState
 
@@ -63,9 +64,10 @@ def run_service(svc: Service, case: str | dict, epochs: int | None,
         assert job["state"] == JobState.SUCCEEDED, job
         wall = iso_s(job["finished_at"]) - iso_s(job["created_at"])
         history = c.get(f"/jobs/{job['id']}/metrics").json()
-    threads = ((job.get("result") or {}).get("applied") or {}).get("cpu_threads")
+    applied = (job.get("result") or {}).get("applied") or {}
+    NUMERICS_SEEN[(SERVICE, spec["device"])] = numerics(applied)
     # Every epoch trains on the same samples, so seconds per sample stand in for seconds per epoch.
-    return rate([1.0 / m["samples_per_s"] for m in history], 1), wall, threads
+    return rate([1.0 / m["samples_per_s"] for m in history], 1), wall, applied.get("cpu_threads")
 
 
 def run_loop(case: str, loop: str, epochs: int, data_dir: Path, device: str = "cpu",
@@ -74,7 +76,12 @@ def run_loop(case: str, loop: str, epochs: int, data_dir: Path, device: str = "c
     out = subprocess.run([sys.executable, "-m", "bench.loops", *args],
                          cwd=ROOT, capture_output=True, text=True, check=True, timeout=1800)
     res = json.loads(out.stdout.strip().splitlines()[-1])
+    NUMERICS_SEEN[(loop, device)] = res["numerics"]
     return rate(res["seconds"], res["samples"])
+
+
+# Each runner's numerics (bench/loops.py numerics()), as last seen: printed beside the table, side by side.
+NUMERICS_SEEN: dict[tuple[str, str], str] = {}
 
 
 def thread_counts(device: str, asked: str | None) -> list[int | None]:
@@ -141,6 +148,9 @@ def main() -> None:
     print(f"\n{os.cpu_count()} cores, torch {torch.__version__}, device {args.device}, {datetime.date.today()}, "
           f"median of {rounds} interleaved round(s), loops at their best of threads {counts}, {load_note()}\n")
     print_table(results, walls, service_threads, cases)
+    print("\nNumerics, each side as it ran (the loops apply the service's own switches for the spec):")
+    for (runner, device), seen in sorted(NUMERICS_SEEN.items()):
+        print(f"- {runner} on {device}: {seen}")
 
 
 def print_table(results: dict, walls: dict, service_threads: dict, cases: dict[str, list[str]]) -> None:

@@ -147,3 +147,24 @@ def test_the_loops_clock_waits_for_the_gpu():
     start = loops.now(device)
     torch.cuda._sleep(int(2e8))  # ~0.1 s at 2 GHz
     assert loops.now(device) - start > 0.05
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda:0", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_the_loops_run_with_the_numerics_the_service_applies(tmp_path, device):
+    """A hand-written loop applies the service's own switches for its spec (TF32 and cuDNN's autotuner on a GPU by
+    default) and says which: a ratio measures the service, not a switch only one side had on (issue 39)."""
+    import json
+
+    from bench.cases import CASES
+    from bench.loops import numerics
+    from trainyard.app.spec import parse_spec
+    from trainyard.worker.torch_devices import switches
+    run = subprocess.run([sys.executable, "-m", "bench.loops", "iris-mlp", "tight", "1", str(tmp_path), device],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    printed = json.loads(run.stdout.splitlines()[-1])["numerics"]
+    spec = parse_spec(CASES["iris-mlp"])
+    assert printed == numerics(switches.configure(torch.device(device), spec.train))
+    if device != "cpu":
+        assert "tf32 on" in printed and "cudnn_benchmark on" in printed
