@@ -20,7 +20,7 @@ def job_process() -> subprocess.Popen:
 def run_of(proc: subprocess.Popen, calling_since: float | None) -> SimpleNamespace:
     """A JobRun as LeaseWatch sees it: its start, its process, and its worker's call to the database."""
     return SimpleNamespace(started=time.monotonic(), job=SimpleNamespace(id=7), proc=proc,
-                           worker=SimpleNamespace(db_waiting_since=calling_since))
+                           worker=SimpleNamespace(network_call_since=calling_since))
 
 
 def test_a_lease_that_lapses_while_the_database_cannot_be_reached_kills_the_job_process():
@@ -75,3 +75,23 @@ def test_postgresql_connections_carry_libpqs_limits_unless_the_url_sets_its_own(
     for key in ("tcp_user_timeout", "keepalives_idle", "keepalives_interval", "keepalives_count"):
         assert params[key] == PG_CONNECTION_LIMITS[key], key
     assert "search_path" in params["options"] and "idle_in_transaction_session_timeout" in params["options"]
+
+
+def test_a_log_upload_hanging_past_the_lease_is_a_cut_off_too():
+    """A host cut off in the middle of its log's upload to the bucket (JobRun.publish_log, every heartbeat): the
+    supervisor waits in botocore, not in the database, and its job process must still stop at the lapse. A claim
+    check made inside the upload (a database call within it) keeps the upload's start."""
+    from trainyard.worker.main import Worker
+    proc = job_process()
+    try:
+        worker = SimpleNamespace(network_call_since=None)
+        run = SimpleNamespace(started=time.monotonic(), job=SimpleNamespace(id=7), proc=proc, worker=worker)
+        watch = LeaseWatch(run, lease_s=0.5)
+        with Worker.on_the_network(worker):  # the upload, to a bucket gone with the link
+            with Worker.on_the_network(worker):  # the claim check inside it, answered
+                pass
+            assert worker.network_call_since is not None
+            assert proc.wait(timeout=5) == -9
+        assert watch.lapsed and worker.network_call_since is None
+    finally:
+        proc.kill()

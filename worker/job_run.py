@@ -11,6 +11,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import InitVar, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -35,7 +36,9 @@ class WorkerLink(Protocol):
     """What the supervision of a job needs of its worker (worker/main.py's Worker), and nothing more."""
     settings: Settings
     stopping: bool  # the worker is shutting down
-    db_waiting_since: float | None  # when the call to the database now under way began (None: no call)
+    network_call_since: float | None  # when the call to the database or bucket under way began (None: none)
+
+    def on_the_network(self) -> AbstractContextManager[None]: ...
 
     def db(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T: ...
 
@@ -108,7 +111,9 @@ class JobRun:
         by a renewal just now). The bucket keeps one log a job: a run taken over (a supervisor that was
         stopped past its lease, or cut off) would otherwise replace the next run's log with its own."""
         if self.publish:
-            self.out.publish(None if held else self._still_latest_claim)
+            # On the network: a bucket gone with the host's link must not hide a lapsed lease from the LeaseWatch.
+            with self.worker.on_the_network():
+                self.out.publish(None if held else self._still_latest_claim)
 
     def _still_latest_claim(self) -> bool:
         try:

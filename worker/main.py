@@ -11,7 +11,8 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from multiprocessing.context import ForkServerContext
 from typing import Any, TypeVar
@@ -69,15 +70,14 @@ class Worker:
         self._marked_stopping = False
         self._last_look = 0.0
         self.listener: wakeup.Listener | None = None  # run() starts listening for queue changes
-        self.db_waiting_since: float | None = None  # when the call to the database now under way began
+        self.network_call_since: float | None = None  # when the call to the database or bucket under way began
         self.last_part: tuple[int, int] | None = None  # the (job, claim) whose ranks on this host it ran last
 
     def db(self, fn: Callable[..., T], *args: Any, **kw: Any) -> T:
         """Call a queue function, riding out a database that is briefly unreachable (a PostgreSQL
         restart, a failover) for up to one lease; SQLite's busy timeout already covers lock waits."""
         delay, deadline = 0.05, time.monotonic() + self.settings.lease_s
-        self.db_waiting_since = time.monotonic()  # a running job's LeaseWatch reads it (worker/supervise.py)
-        try:
+        with self.on_the_network():
             while True:
                 try:
                     return fn(self.engine, *args, **kw)
@@ -87,8 +87,19 @@ class Worker:
                     log.warning("database error, retrying in %.2fs: %s", delay, str(exc).splitlines()[0])
                     time.sleep(delay)
                     delay = min(delay * 2, 2.0)
+
+    @contextmanager
+    def on_the_network(self) -> Iterator[None]:
+        """Marks a call to the database or the bucket under way, which a running job's LeaseWatch reads
+        (worker/supervise.py): a supervisor stuck in one past its lease was cut off. A call made within another
+        (a claim check inside a log upload) keeps the outer one's start."""
+        outer = self.network_call_since
+        if outer is None:
+            self.network_call_since = time.monotonic()
+        try:
+            yield
         finally:
-            self.db_waiting_since = None
+            self.network_call_since = outer
 
     # -- lifecycle --------------------------------------------------------------------------------
 

@@ -35,14 +35,15 @@ BUILT_IN_METRIC_KEYS = 24
 
 
 class LeaseWatch:
-    """Stops the job process when its lease has run out while its supervisor is stuck calling a database on
-    the network (PostgreSQL): its host was cut off, and another worker may take the job now.
+    """Stops the job process when its lease has run out while its supervisor is stuck calling the database or
+    the bucket on the network (PostgreSQL, S3): its host was cut off, and another worker may take the job now.
 
     The loop itself cannot be trusted to notice: a call to a database that vanished with the network can
-    wait for seconds (libpq's limits, app/db.py) and then be retried for up to a lease. So a thread of
-    its own keeps the deadline, reckoned from when each renewal that reached the database was asked (the
-    database's new expiry is no earlier), and kills the process once it has passed with a call to the
-    database under way for half a lease or more. A loop that is merely slow (a starved CPU) is left
+    wait for seconds (libpq's limits, app/db.py) and then be retried for up to a lease, and a log upload to a
+    bucket for as long as botocore's timeouts and retries. So a thread of its own keeps the deadline, reckoned
+    from when each renewal that reached the database was asked (the database's new expiry is no earlier), and
+    kills the process once it has passed with such a call (worker.on_the_network) under way for half a lease
+    or more. A loop that is merely slow (a starved CPU) is left
     alone: its next call reaches the database, and a renewal of a job taken over fails there."""
 
     def __init__(self, run: JobRun, lease_s: float):
@@ -62,7 +63,7 @@ class LeaseWatch:
         wait = max(0.0, self.deadline - time.monotonic())
         while not self._closed.wait(wait):
             now = time.monotonic()
-            since = self.run.worker.db_waiting_since
+            since = self.run.worker.network_call_since
             if now < self.deadline:
                 wait = self.deadline - now
             elif since is not None and now - since >= self.lease_s / 2:
