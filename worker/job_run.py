@@ -17,6 +17,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from sqlalchemy.engine import Engine
+
 from trainyard.app import job_reads, queue
 from trainyard.app.records import Job
 from trainyard.app.settings import Settings
@@ -35,6 +37,7 @@ KILL_GRACE_S = 1.0
 class WorkerLink(Protocol):
     """What the supervision of a job needs of its worker (worker/main.py's Worker), and nothing more."""
     settings: Settings
+    engine: Engine
     stopping: bool  # the worker is shutting down
     network_call_since: float | None  # when the call to the database or bucket under way began (None: none)
 
@@ -170,8 +173,8 @@ class JobRun:
         self.stop_now()
         self.outcome = "lost"
         if why is None:
-            try:
-                why = self.db(job_reads.why_lost)
+            try:  # one try, not the lease-long retries of self.db: the log's last line must not wait on it
+                why = job_reads.why_lost(self.worker.engine, self.job.id, self.job.claim)
             except Exception as exc:  # the database away: the log says what is known
                 log.warning("job %s: why it is no longer ours could not be read: %s", self.job.id, exc)
                 why = "cancelled, pruned or taken over"
