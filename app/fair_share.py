@@ -36,6 +36,10 @@ from trainyard.app.db import db_now, jobs
 from trainyard.app.records import Job
 from trainyard.app.states import JobState
 
+# Every project's bounded share and limits (project_limits.read): a caller that needs several of the terms below
+# reads them once and passes them to each.
+Held = dict[int, project_limits.ProjectLimits]
+
 RUNNING = JobState.RUNNING.value
 WINDOW = 8  # half-lives
 
@@ -55,10 +59,10 @@ def usage(conn: Connection, half_life_s: float) -> tuple[dict[int | None, float]
     return used, now
 
 
-def rank(conn: Connection, half_life_s: float) -> ColumnElement[Any]:
+def rank(conn: Connection, half_life_s: float, held: Held | None = None) -> ColumnElement[Any]:
     """An ORDER BY term for queued jobs: their project's decayed device time over its share, lowest first."""
     used, _ = usage(conn, half_life_s)
-    shares = shares_of(conn)
+    shares = shares_of(conn, held)
     ranks = {p: seconds / shares.get(p, 1.0) for p, seconds in used.items() if p is not None}
     alone = used.get(None, 0.0)
     if not ranks:
@@ -66,16 +70,16 @@ def rank(conn: Connection, half_life_s: float) -> ColumnElement[Any]:
     return case(ranks, value=jobs.c.project_id, else_=case((jobs.c.project_id.is_(None), alone), else_=0.0))
 
 
-def shares_of(conn: Connection) -> dict[int, float]:
+def shares_of(conn: Connection, held: Held | None = None) -> dict[int, float]:
     """Each project's share (finite, > 0), by id."""
-    return {p: held.share for p, held in project_limits.read(conn).items()}
+    return {p: h.share for p, h in (project_limits.read(conn) if held is None else held).items()}
 
 
-def limited(conn: Connection, device: str | None = None) -> ColumnElement[bool]:
+def limited(conn: Connection, device: str | None = None, held: Held | None = None) -> ColumnElement[bool]:
     """The job's project may start it now: within its `devices` and `gpu_memory_gb` limits (those it has), with
     its running jobs. device: the claiming worker's ("cpu": a job that states no memory runs on the CPU there, so
     the memory limit does not hold it back; None: any worker, so it does)."""
-    held = project_limits.read(conn)
+    held = project_limits.read(conn) if held is None else held
     devices = {p: h.limits["devices"] for p, h in held.items() if "devices" in h.limits}
     memory = {p: round(h.limits["gpu_memory_gb"] * 1e9) for p, h in held.items() if "gpu_memory_gb" in h.limits}
     terms = [*([_within_devices(devices)] if devices else []), *([_within_memory(memory, device)] if memory else [])]

@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import and_, exists, false, func, or_, select, true
 from sqlalchemy.engine import Connection
 
-from trainyard.app import dependencies, device_names, fair_share
+from trainyard.app import dependencies, device_names, fair_share, project_limits
 from trainyard.app.db import db_now, jobs, workers
 from trainyard.app.records import Job
 from trainyard.app.settings import get_settings
@@ -175,8 +175,9 @@ def startable(conn: Connection, device: str, plugins: dict[str, list[str]] | Non
               slot: Slot | None, lease_s: float, lock: bool) -> tuple[int, list[dict]] | None:
     """The job at the head of this worker's line, if it can start now, and the other ranks it would
     borrow (none for a one-device job). A head that cannot start holds the worker back (no backfill)."""
-    fair = fair_share.rank(conn, get_settings().fair_share_half_life_s)
-    within_limits = fair_share.limited(conn, device)
+    held = project_limits.read(conn)  # once, for both terms
+    fair = fair_share.rank(conn, get_settings().fair_share_half_life_s, held)
+    within_limits = fair_share.limited(conn, device, held)
     first = conn.execute(select(jobs.c.id, jobs.c.devices, jobs.c.hosts).where(
         jobs.c.id == head(device, plugins, worker_id, slot, fair, within_limits), fits_now(slot))).first()
     if first is None:

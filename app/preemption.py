@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from sqlalchemy import and_, exists, func, or_, select, update
 from sqlalchemy.engine import Engine
 
-from trainyard.app import accounts, audit, dependencies, device_names, fair_share
+from trainyard.app import accounts, audit, dependencies, device_names, fair_share, project_limits
 from trainyard.app.db import db_now, jobs, read, workers, write
 from trainyard.app.settings import Settings
 from trainyard.app.states import JobState
@@ -62,15 +62,16 @@ def choose(engine: Engine, settings: Settings) -> list[tuple[int, int, int]]:
             workers.c.state == "idle", workers.c.last_heartbeat > now - settings.lease_s,
             ~workers.c.draining.is_(True)))]
         served_idle = {req for d in idle for req in device_names.accepted_by(d)}
+        held = project_limits.read(conn)  # once, for the limits, the rank and the shares below
         heads = conn.execute(select(jobs.c.id, jobs.c.device_req, jobs.c.priority, jobs.c.project_id).where(
             jobs.c.state == QUEUED, func.coalesce(jobs.c.devices, 1) == 1, dependencies.ready(),
-            fair_share.limited(conn)).order_by(fair_share.rank(conn, settings.fair_share_half_life_s),
+            fair_share.limited(conn, held=held)).order_by(fair_share.rank(conn, settings.fair_share_half_life_s, held),
                                            jobs.c.priority.desc(), jobs.c.id)).all()
         rows = conn.execute(select(jobs.c.id, jobs.c.claim, jobs.c.priority, jobs.c.project_id, jobs.c.device,
                                    jobs.c.started_at, jobs.c.devices, _in_force().label("asked"))
                             .where(jobs.c.state == RUNNING, jobs.c.device.is_not(None))).all()
         used, _ = fair_share.usage(conn, settings.fair_share_half_life_s)
-        shares = fair_share.shares_of(conn)
+        shares = fair_share.shares_of(conn, held)
     runs = [_Run(r.id, r.claim, r.priority, r.project_id, r.device, r.started_at,
                  max(0.0, now - r.started_at) * (r.devices or 1)) for r in rows if not r.asked]
     pending = {req for r in rows if r.asked for req in device_names.accepted_by(r.device)}
