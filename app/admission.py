@@ -16,14 +16,11 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 
-from trainyard.app import dependencies, fair_share, model_size, placement, uploads, visibility
-from trainyard.app import workers as registry
+from trainyard.app import dependencies, model_size, uploads, visibility
 from trainyard.app.accounts import Principal
-from trainyard.app.db import read
 from trainyard.app.errors import Invalid, NotFound
 from trainyard.app.layout import ARTIFACT_FILES
 from trainyard.app.plugin_catalog import known_plugins, plugin_catalog  # noqa: F401 - GET /catalog reads it here
-from trainyard.app.records import Job
 from trainyard.app.settings import Settings
 from trainyard.app.spec import (
     ALL_ARCHS,
@@ -263,26 +260,3 @@ def admit_batch(engine: Engine, settings: Settings, specs: list[TrainJob | Predi
         except Invalid as e:
             raise Invalid(str(e), loc=(i, *(e.loc or ()))) from None
     return found
-
-
-def why_waiting(engine: Engine, settings: Settings, found: list[Job]) -> dict[int, str | None]:
-    """For each queued job among these, why no live worker can take it (placement.why_waiting); one
-    read of the workers, and none when no job is queued."""
-    queued = [j for j in found if j.state == JobState.QUEUED]
-    if not queued:
-        return {}
-    listed, now = registry.list_workers(engine)
-    live = registry.still_placing(listed, now, settings.lease_s)
-    unmet = dependencies.unmet(engine, [j.id for j in queued])
-    with read(engine) as conn:
-        limited = fair_share.at_limit(conn, queued)
-    return {j.id: dependencies.waiting_for(unmet[j.id]) if j.id in unmet
-            else placement.why_waiting(j, live) or limited.get(j.id) for j in queued}
-
-
-def waiting_at_submit(engine: Engine, named: list[Job]) -> dict[int, str]:
-    """What jobs just submitted, that name others (dependencies.names_any), wait on by their own spec: one indexed
-    read, none when none names any. POST /jobs answers it; the fleet's part of waiting_for (no worker for the
-    device, a project's limits) is GET's, which reads the workers and the running jobs."""
-    return {job_id: dependencies.waiting_for(deps) for job_id, deps in dependencies.unmet(
-        engine, [j.id for j in named]).items()}

@@ -9,9 +9,14 @@ A project alone on the fleet uses all of it; two projects with queued jobs each 
 their shares over time. Jobs of no project (the admin token's, or made before projects) are one more project,
 of share 1.
 
-The device time is read from the jobs' rows at each claim: every job that runs or ended within eight half-lives
-(their weight past it is under 1/256). A job's earlier runs (before a retry or a requeue) are not in its row and
-are not counted: a preempted job's project is under-counted by its lost run.
+The device time is read from the jobs' rows, and only when it can change the order: when queued jobs of two or more
+projects compete for the claiming worker's device (`competing`); with one project or none, fair share orders
+nothing, and the claim orders by priority and age alone. Then it reads, for the competing projects only, every
+job that runs or ended within eight half-lives (their weight past it is under 1/256; the index on (project_id,
+finished_at) holds the read to that window, whatever retention keeps). A worker's look at the queue and the claim
+that follows it share one reading (`Ranking`, held by app/idle_look.py's Look for a claim cycle). A job's earlier
+runs (before a retry or a requeue) are not in its row and are not counted: a preempted job's project is
+under-counted by its lost run.
 
 A project's limits (projects.limits) on what its running jobs hold at once are kept here, at the claim: its
 queued jobs are not eligible past them (`limited`), and wait saying which (`at_limit`); none fails for them.
@@ -25,13 +30,17 @@ The limits checked at submit (queued jobs, running sweeps, stored bytes) are app
 read through app/project_limits.py, held to the bounds there: the SQL here holds them as literals, never casts a
 stored value, so no row can make a claim or a housekeeping pass fail.
 """
+import functools
+from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, and_, case, func, literal, or_, select, true
+from sqlalchemy import BigInteger, Integer, and_, case, func, literal, or_, select, true, union_all
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql import Select
 from sqlalchemy.sql.elements import ColumnElement
 
-from trainyard.app import project_limits
+from trainyard.app import device_names, project_limits
 from trainyard.app.db import db_now, jobs
 from trainyard.app.records import Job
 from trainyard.app.states import JobState
@@ -40,34 +49,82 @@ from trainyard.app.states import JobState
 # reads them once and passes them to each.
 Held = dict[int, project_limits.ProjectLimits]
 
-RUNNING = JobState.RUNNING.value
+RUNNING, QUEUED = JobState.RUNNING.value, JobState.QUEUED.value
 WINDOW = 8  # half-lives
 
 
-def usage(conn: Connection, half_life_s: float) -> tuple[dict[int | None, float], float]:
-    """Each project's decayed device-seconds (None: jobs of no project), and the database's now."""
+def usage(conn: Connection, half_life_s: float,
+          projects: Collection[int | None] | None = None) -> tuple[dict[int | None, float], float]:
+    """Each project's decayed device-seconds (None: jobs of no project), and the database's now. projects: only
+    these (None among them: jobs of no project); None: every project."""
     now = conn.execute(select(db_now())).scalar_one()
-    rows = conn.execute(select(jobs.c.project_id, jobs.c.devices, jobs.c.started_at, jobs.c.finished_at,
-                               jobs.c.state).where(
-        jobs.c.started_at.is_not(None),
-        or_(jobs.c.state == RUNNING, jobs.c.finished_at > now - WINDOW * half_life_s))).all()
+    cols = (jobs.c.project_id, jobs.c.devices, jobs.c.started_at, jobs.c.finished_at, jobs.c.state)
+    # Two arms, each on an index: the running jobs (state), the window's ended ones ((project_id, finished_at)).
+    # A running job's finished_at is NULL (the claim clears it), so no job is read by both.
+    running = select(*cols).where(jobs.c.state == RUNNING, jobs.c.started_at.is_not(None))
+    ended = select(*cols).where(jobs.c.finished_at > now - WINDOW * half_life_s, jobs.c.started_at.is_not(None),
+                                jobs.c.state != RUNNING)
+    if projects is not None:
+        ids = [p for p in projects if p is not None]
+        mine = or_(jobs.c.project_id.in_(ids), *([jobs.c.project_id.is_(None)] if None in projects else []))
+        running, ended = running.where(mine), ended.where(mine)
     used: dict[int | None, float] = {}
-    for r in rows:
-        end = now if r.state == RUNNING or r.finished_at is None else r.finished_at
-        seconds = max(0.0, end - r.started_at) * (r.devices or 1)
-        used[r.project_id] = used.get(r.project_id, 0.0) + seconds * 0.5 ** (max(0.0, now - end) / half_life_s)
+    for project_id, devices, started_at, finished_at, state in conn.execute(union_all(running, ended)):
+        end = now if state == RUNNING or finished_at is None else finished_at
+        seconds = max(0.0, end - started_at) * (devices or 1)
+        used[project_id] = used.get(project_id, 0.0) + seconds * 0.5 ** (max(0.0, now - end) / half_life_s)
     return used, now
 
 
-def rank(conn: Connection, half_life_s: float, held: Held | None = None) -> ColumnElement[Any]:
-    """An ORDER BY term for queued jobs: their project's decayed device time over its share, lowest first."""
-    used, _ = usage(conn, half_life_s)
+def competing(conn: Connection, device: str | None = None) -> set[int | None]:
+    """The projects (None: jobs of no project) with queued jobs that a worker of `device` may take (None: any
+    worker): those whose order fair share decides. One read of the queued jobs (ix_jobs_queued_device)."""
+    return {p for (p,) in conn.execute(_competing(device))}
+
+
+@functools.lru_cache(maxsize=16)
+def _competing(device: str | None) -> Select:
+    q = select(jobs.c.project_id).where(jobs.c.state == QUEUED).distinct()
+    return q if device is None else q.where(jobs.c.device_req.in_(device_names.accepted_by(device)))
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Fair share's reading for some competing projects: each one's decayed device time over its share."""
+    projects: frozenset[int | None]
+    ranks: dict[int | None, float]
+
+    def term(self) -> ColumnElement[Any] | None:
+        """The ORDER BY term for queued jobs, lowest first; None when it is constant (fewer than two projects
+        compete, or none has run): the order is priority, then age."""
+        if len(self.projects) < 2 or not any(self.ranks.values()):
+            return None
+        named = {p: r for p, r in self.ranks.items() if p is not None}
+        alone = case((jobs.c.project_id.is_(None), self.ranks.get(None, 0.0)), else_=0.0)
+        return case(named, value=jobs.c.project_id, else_=alone) if named else alone
+
+    def covers(self, projects: Collection[int | None]) -> bool:
+        return set(projects) <= self.projects
+
+
+@dataclass
+class Memo:
+    """One claim cycle's reading: a worker's look at the queue makes it, the claim that follows uses it again."""
+    ranking: Ranking | None = None
+
+
+def ranking(conn: Connection, half_life_s: float, held: Held | None = None,
+            projects: Collection[int | None] | None = None, used: dict[int | None, float] | None = None) -> Ranking:
+    """Fair share's reading for `projects` (competing's; None: those with any queued job), from `used` when given
+    (usage's, for these projects at least). With fewer than two, no read at all: fair share cannot change their
+    order."""
+    projects = frozenset(competing(conn) if projects is None else projects)
+    if len(projects) < 2:
+        return Ranking(projects, {})
+    used = usage(conn, half_life_s, projects)[0] if used is None else used
     shares = shares_of(conn, held)
-    ranks = {p: seconds / shares.get(p, 1.0) for p, seconds in used.items() if p is not None}
-    alone = used.get(None, 0.0)
-    if not ranks:
-        return literal(0.0)
-    return case(ranks, value=jobs.c.project_id, else_=case((jobs.c.project_id.is_(None), alone), else_=0.0))
+    return Ranking(projects, {p: used.get(p, 0.0) / (shares.get(p, 1.0) if p is not None else 1.0)
+                              for p in projects})
 
 
 def shares_of(conn: Connection, held: Held | None = None) -> dict[int, float]:
@@ -91,9 +148,13 @@ def _cap(caps: dict[int, int], kind: Any) -> Any:
     return case({p: literal(v, kind) for p, v in caps.items()}, value=jobs.c.project_id)
 
 
-def _held(column: Any, default: int) -> Any:
+# Built once (an alias's column proxies cost more than the rest of the term).
+_RUNNING_OF = {column: jobs.alias(f"project_running_{column}") for column in ("devices", "need_gpu_memory")}
+
+
+def _held(column: str, default: int) -> Any:
     """The sum of a column over the job's project's running jobs."""
-    other = jobs.alias(f"project_running_{column}")
+    other = _RUNNING_OF[column]
     return select(func.coalesce(func.sum(func.coalesce(other.c[column], default)), 0)).where(
         other.c.state == RUNNING, other.c.project_id == jobs.c.project_id).scalar_subquery()
 

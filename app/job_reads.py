@@ -2,10 +2,13 @@
 
 Reads only; what changes a job is the queue's (app/queue.py).
 """
+import functools
 import json
+from dataclasses import dataclass
+from typing import Literal
 
-from sqlalchemy import JSON, Text, and_, bindparam, cast, func, select
-from sqlalchemy.engine import Engine
+from sqlalchemy import JSON, Integer, Select, Text, and_, bindparam, cast, func, literal_column, select, true
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.sql.elements import ColumnElement
 
 from trainyard.app.db import jobs, metrics, read
@@ -15,8 +18,10 @@ from trainyard.app.states import JobState
 
 
 def ping(engine: Engine) -> None:
+    """One trivial round trip to the database (/healthz, on the loop reader's engine: no BEGIN): plain SQL, nothing
+    to build or compile."""
     with read(engine) as conn:
-        conn.execute(select(1)).scalar_one()
+        conn.exec_driver_sql("SELECT 1").scalar_one()
 
 
 # Built once: the statement clients poll most (GET /jobs/{id}); building it per call took half its time.
@@ -56,55 +61,94 @@ def why_lost(engine: Engine, job_id: int, claim_no: int) -> str:
 def list_jobs(engine: Engine, state: str | None = None, kind: str | None = None,
               limit: int = 50, offset: int = 0, leave_out: tuple[str, ...] = (),
               sweep_id: int | None = None, max_bytes: int | None = None,
-              scope: ColumnElement[bool] | None = None) -> tuple[list[Job], int]:
-    """A page of jobs, newest first, and how many match. Columns in leave_out are not read (None in the records).
-    scope: a condition every row listed and counted meets (app/visibility.py's job_scope: a project's jobs).
-    With max_bytes the page ends before the row that would take its rows' stored JSON past it (the first
-    row is always kept), so it may hold fewer than `limit` though more match: its rows are read a few at
-    a time, their JSON as text, and parsed only once kept, so a page costs about max_bytes whatever the
-    rows hold (a hundred predict jobs' specs were 250 MB)."""
-    conds = [] if sweep_id is None else [jobs.c.sweep_id == sweep_id]
-    if scope is not None:
-        conds.append(scope)
-    if state:
-        conds.append(jobs.c.state == state)
-    if kind:
-        conds.append(jobs.c.kind == kind)
-    where = and_(True, *conds)
+              project: int | Literal[False] | None = None) -> tuple[list[Job], int]:
+    """A page of jobs, newest first, and how many match (list_page's, on a connection of its own)."""
     with read(engine) as conn:
-        total = conn.execute(select(func.count()).select_from(jobs).where(where)).scalar_one()
-        columns = [c for c in jobs.c if c.name not in leave_out]
-        if max_bytes is None:
-            rows = conn.execute(select(*columns).where(where).order_by(jobs.c.id.desc()).limit(limit)
-                                .offset(offset)).all()
-            return [Job.from_row(r) for r in rows], total
-        ids = conn.execute(select(jobs.c.id).where(where).order_by(jobs.c.id.desc()).limit(limit)
-                           .offset(offset)).scalars().all()
-        as_text = select(*(cast(c, Text).label(c.name) if c.name in _JSON_COLUMNS else c for c in columns))
-        found: list[Job] = []
-        used = 0
-        for i in range(0, len(ids), _PAGE_BATCH):
-            batch = ids[i:i + _PAGE_BATCH]
-            got = {r.id: r._asdict() for r in conn.execute(as_text.where(jobs.c.id.in_(batch)))}
-            for job_id in batch:
-                values = got.get(job_id)
-                if values is None:
-                    continue
-                stored = [name for name in _JSON_COLUMNS if values.get(name) is not None]
-                size = _ITEM_BYTES + sum(len(values[name]) for name in stored)
-                if found and used + size > max_bytes:
-                    return found, total
-                used += size
-                values.update({name: json.loads(values[name]) for name in stored})
-                found.append(Job.from_values(values))
+        return list_page(conn, state, kind, limit, offset, leave_out, sweep_id, max_bytes, project)
+
+
+def list_page(conn: Connection, state: str | None = None, kind: str | None = None,
+              limit: int = 50, offset: int = 0, leave_out: tuple[str, ...] = (),
+              sweep_id: int | None = None, max_bytes: int | None = None,
+              project: int | Literal[False] | None = None) -> tuple[list[Job], int]:
+    """A page of jobs, newest first, and how many match. Columns in leave_out are not read (None in the records).
+    project: the jobs of this project only (app/visibility.py's job_project); False: none; None: every job.
+    With max_bytes the page ends before the row that would take its rows' stored JSON past it (the first
+    row is always kept), so it may hold fewer than `limit` though more match: the database measures the
+    page's rows' JSON first, and only the rows kept are read, their JSON as text, so a page costs about
+    max_bytes whatever the rows hold (a hundred predict jobs' specs were 250 MB).
+    Three statements whatever the page's size (count, sizes, rows), each built once per shape of filter."""
+    if project is False:
+        return [], 0
+    made = _statements(sweep_id is not None, project is not None, bool(state), bool(kind),
+                       tuple(sorted(set(leave_out))))
+    params = {"sweep_id": sweep_id, "project_id": project, "state": state, "kind": kind,
+              "limit": limit, "offset": offset}
+    total = conn.execute(made.count, params).scalar_one()
+    if max_bytes is None:
+        return [Job.from_row(r) for r in conn.execute(made.rows, params)], total
+    kept: list[int] = []
+    used = 0
+    for job_id, size in conn.execute(made.sizes, params):
+        size = _ITEM_BYTES + (size or 0)
+        if kept and used + size > max_bytes:
+            break
+        used += size
+        kept.append(job_id)
+    if not kept:
+        return [], total
+    # The kept ids are the head of the page: its id range, read under the same filter, holds them (and, were a row
+    # committed in between, others, which are left out: the page is the one measured).
+    result = conn.execute(made.kept, {**params, "lo": kept[-1], "hi": kept[0]})
+    names = tuple(result.keys())  # once: Row._asdict looks them up again for every row
+    got = {values["id"]: values for values in (dict(zip(names, r)) for r in result)}
+    found: list[Job] = []
+    for job_id in kept:
+        values = got.get(job_id)
+        if values is None:  # it no longer matches (its state changed, it was deleted)
+            continue
+        for name in made.json_read:
+            if values[name] is not None:
+                values[name] = json.loads(values[name])
+        found.append(Job.from_values(values))
     return found, total
 
 
-# A page's rows are read this many at a time (max_bytes): a few rows' JSON at once, whatever they hold.
-_PAGE_BATCH = 8
-_JSON_COLUMNS = frozenset(c.name for c in jobs.c if isinstance(c.type, JSON))
-# What a list item adds to its JSON columns' bytes (its other fields, as JSON), for a page's byte budget.
+# A list item adds to its JSON columns' bytes (its other fields, as JSON), for a page's byte budget.
 _ITEM_BYTES = 600
+_JSON_COLUMNS = frozenset(c.name for c in jobs.c if isinstance(c.type, JSON))
+
+
+@dataclass(frozen=True)
+class _Page:
+    count: Select       # how many match
+    rows: Select        # the page itself (no byte budget)
+    sizes: Select       # the page's ids, newest first, with their JSON columns' stored length
+    kept: Select        # the rows of ids lo..hi that match, JSON columns as text
+    json_read: tuple[str, ...]
+
+
+@functools.cache
+def _statements(sweep: bool, project: bool, state: bool, kind: bool, leave_out: tuple[str, ...]) -> _Page:
+    """The list's statements for one shape of filter, built once: building and compiling them per request (and a
+    statement per few rows) was most of a page's cost (issue 40). Values come as parameters."""
+    conds = [column == bindparam(column.name) for on, column in ((sweep, jobs.c.sweep_id),
+             (project, jobs.c.project_id), (state, jobs.c.state), (kind, jobs.c.kind)) if on]
+    where = and_(true(), *conds)
+    columns = [c for c in jobs.c if c.name not in leave_out]
+    newest = jobs.c.id.desc()
+    limit, offset = bindparam("limit", type_=Integer), bindparam("offset", type_=Integer)
+    json_read = tuple(c.name for c in columns if c.name in _JSON_COLUMNS)
+    zero: ColumnElement[int] = literal_column("0")
+    size: ColumnElement[int] = sum((func.coalesce(func.length(cast(jobs.c[name], Text)), zero) for name in json_read),
+                                   zero)
+    return _Page(
+        count=select(func.count()).select_from(jobs).where(where),
+        rows=select(*columns).where(where).order_by(newest).limit(limit).offset(offset),
+        sizes=select(jobs.c.id, size.label("size")).where(where).order_by(newest).limit(limit).offset(offset),
+        kept=select(*(cast(c, Text).label(c.name) if c.name in _JSON_COLUMNS else c for c in columns))
+        .where(where, jobs.c.id.between(bindparam("lo"), bindparam("hi"))),
+        json_read=json_read)
 
 def get_metrics(engine: Engine, job_id: int, after_epoch: int = 0) -> list[dict]:
     get_job(engine, job_id)

@@ -1,9 +1,10 @@
 """What a list of jobs shows of each job's spec (its `summary`), read without loading the specs."""
+import functools
 import json
 from typing import Any
 
-from sqlalchemy import literal_column, select
-from sqlalchemy.engine import Engine
+from sqlalchemy import Select, bindparam, literal_column, select
+from sqlalchemy.engine import Connection, Engine
 
 from trainyard.app.db import jobs, read
 from trainyard.app.records import Job
@@ -34,9 +35,18 @@ _SUMMARY_PATHS = ("model_job", "model.arch", "data.dataset", "data.split", "entr
 
 
 def summaries(engine: Engine, found: list[Job]) -> dict[int, dict]:
+    """Each job's spec_summary (summaries_on's, on a connection of its own only when one is read)."""
+    if all(job.spec is not None or (job.id, job.created_at) in _SUMMARIES for job in found):
+        return summaries_on(None, found)
+    with read(engine) as conn:
+        return summaries_on(conn, found)
+
+
+def summaries_on(conn: Connection | None, found: list[Job]) -> dict[int, dict]:
     """Each job's spec_summary, without reading its spec into this process: the database's JSON functions
-    pick out the few fields (and a prediction's row count), once per job; records that carry their spec
-    (read with it) are summed up from it."""
+    pick out the few fields (and a prediction's row count), once per job, in one statement built once per
+    dialect; records that carry their spec (read with it) are summed up from it. conn: where to read the jobs
+    not yet summed up (None: there are none)."""
     out: dict[int, dict] = {}
     missing: list[int] = []
     for job in found:
@@ -46,11 +56,9 @@ def summaries(engine: Engine, found: list[Job]) -> dict[int, dict]:
             out[job.id] = _SUMMARIES[(job.id, job.created_at)]
         else:
             missing.append(job.id)
-    if not missing:
+    if not missing or conn is None:
         return out
-    with read(engine) as conn:
-        rows = conn.execute(select(jobs.c.id, jobs.c.kind, jobs.c.created_at, *_summary_columns(conn.dialect.name))
-                            .where(jobs.c.id.in_(missing))).all()
+    rows = conn.execute(_statement(conn.dialect.name), {"ids": missing}).all()
     if len(_SUMMARIES) + len(rows) > _SUMMARIES_KEPT:
         _SUMMARIES.clear()
     for r in rows:
@@ -64,6 +72,12 @@ def summaries(engine: Engine, found: list[Job]) -> dict[int, dict]:
             node[last] = value
         _SUMMARIES[(r.id, r.created_at)] = out[r.id] = spec_summary(r.kind, spec, r.rows)
     return out
+
+
+@functools.cache
+def _statement(dialect: str) -> Select:
+    return select(jobs.c.id, jobs.c.kind, jobs.c.created_at, *_summary_columns(dialect)).where(
+        jobs.c.id.in_(bindparam("ids", expanding=True)))
 
 
 def _summary_columns(dialect: str) -> list:

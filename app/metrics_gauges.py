@@ -2,7 +2,7 @@
 
 A gauge may go down (a job leaves the queue, a row is deleted), so rows are the right source here; what
 happened (counters, the duration histogram) is app/counters.py's. Label values are bounded: a job's
-kind and state (the enums), the device it asked for, why it waits as a class (placement.Waiting), the
+kind and state (the enums), the device it asked for, why it waits as a class (waiting.Waiting), the
 registered workers, and the store's kinds of object (collector.KINDS).
 
 A user who is not an admin gets the gauges of their project's rows only (jobs, the queue, running jobs'
@@ -15,7 +15,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import ColumnElement, case, func, select, true
 from sqlalchemy.engine import Connection, Engine
 
-from trainyard.app import collector, dependencies, placement
+from trainyard.app import collector, dependencies, waiting
 from trainyard.app import workers as registry
 from trainyard.app.accounts import Principal, project_rows
 from trainyard.app.db import jobs, read, sweeps
@@ -24,7 +24,7 @@ from trainyard.app.spec import JOB_KINDS
 from trainyard.app.states import SWEEP_STATES, Failure, JobState
 from trainyard.app.sweep_results import COUNT_KEYS
 
-# What placement.waiting reads of a queued job: jobs alike in these wait for the same reason.
+# What waiting.waiting reads of a queued job: jobs alike in these wait for the same reason.
 _PLACED = (jobs.c.device_req, jobs.c.devices, jobs.c.need_model, jobs.c.need_dataset, jobs.c.need_entrypoint,
            jobs.c.need_gpu_memory)
 
@@ -68,8 +68,8 @@ def _queue(conn: Connection, listed: list[dict], now: float, stale_after_s: floa
     for group in groups:
         job = Job.from_values({**{k: v for k, v in group._mapping.items() if k != "blocked"}, "state": JobState.QUEUED})
         # Waiting on other jobs comes first: no worker can take it before they succeed, whatever the workers.
-        found = (placement.Waiting.DEPENDENCY, "") if group.blocked else placement.waiting(job, live)
-        key = (job.device_req, (found[0] if found else placement.Waiting.TURN).value)
+        found = (waiting.Waiting.DEPENDENCY, "") if group.blocked else waiting.waiting(job, live)
+        key = (job.device_req, (found[0] if found else waiting.Waiting.TURN).value)
         depth, age = out.get(key, [0, 0.0])
         out[key] = [depth + group.n, max(age, now - group.since)]
     return out

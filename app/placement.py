@@ -1,4 +1,4 @@
-"""Placement: which queued jobs a worker may take, with which other devices, and why a job still waits.
+"""Placement: which queued jobs a worker may take, and with which other devices.
 
 A worker claims for a slot: its device (workers with one key share a GPU) and the memory that
 device offers jobs that state theirs (`resources.gpu_memory_gb`). A job on several devices
@@ -6,25 +6,24 @@ device offers jobs that state theirs (`resources.gpu_memory_gb`). A job on sever
 of its own host, or for a job spread over M hosts (`hosts: M`), N/M-1 of its own host and N/M on each of
 M-1 others whose workers advertise an address (TRAINYARD_NODE_ADDR). Their devices become the job's other
 ranks, and they claim nothing while that run lasts; on another host the first of them runs that host's
-ranks (worker/part.py). The queue's claim uses the SQL conditions here (`startable`); the API uses
-`why_waiting` to tell a client why a job has not started.
+ranks (worker/part.py). The queue's claim uses the SQL conditions here (`startable`); app/waiting.py tells a
+client, from the live workers, why a job has not started.
 
 A job counts for more than it states on a GPU: its process's CUDA context (the driver's code, cuBLAS
 and cuDNN workspaces: 0.5 to 1 GB) lies outside the allocator's cap that holds the job to its
 statement, so jobs stated up to the card's total would still run it out. Each job on a GPU slot is
 counted at its statement plus the slot's `headroom` (TRAINYARD_GPU_CONTEXT_HEADROOM_BYTES, 1 GiB by
-default).
+default). And a job starts only within what NVML last saw free on the GPU (the slot's `free`, read by its
+worker before each claim): a context still being freed, or another program's memory, holds it back.
 """
+import functools
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any
 
 from sqlalchemy import and_, exists, false, func, or_, select, true
 from sqlalchemy.engine import Connection
 
 from trainyard.app import dependencies, device_names, fair_share, project_limits
 from trainyard.app.db import db_now, jobs, workers
-from trainyard.app.records import Job
 from trainyard.app.settings import get_settings
 from trainyard.app.states import WORKER_UNAVAILABLE as UNAVAILABLE
 from trainyard.app.states import JobState
@@ -44,6 +43,9 @@ class Slot:
     headroom: int = 0
     # The address other hosts reach this host's ranks at (TRAINYARD_NODE_ADDR); None: no job across hosts here.
     addr: str | None = None
+    # The bytes NVML said were free on this GPU when the worker last looked (before each claim; every process's
+    # memory is not, a job's context still being freed and another program's included); None: not read.
+    free: int | None = None
 
 
 def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str | None, slot: Slot | None,
@@ -59,6 +61,8 @@ def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str |
     if worker_id is not None:
         needs.append(~exists().where(workers.c.id == worker_id, workers.c.draining.is_(True)))
         needs.append(~lent(worker_id))
+        # Taken out of service by another worker (workers.quarantine): nothing more, even before it heartbeats.
+        needs.append(~exists().where(workers.c.id == worker_id, workers.c.state == UNAVAILABLE))
     # The devices a job takes on each of its hosts (they divide evenly, app/spec) against this host's.
     needs.append(func.coalesce(jobs.c.devices, 1) / func.coalesce(jobs.c.hosts, 1) <= (slot.gang if slot else 1))
     if slot is None or slot.addr is None:
@@ -72,9 +76,13 @@ def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str |
     return and_(jobs.c.state == QUEUED, jobs.c.device_req.in_(device_names.accepted_by(device)), *needs)
 
 
+# Built once: an alias's forty-odd column proxies, made again at each call, were a third of a claim's CPU.
+_LENDER = jobs.alias("lender")
+
+
 def lent(worker_id):
     """The worker's device is a rank of a multi-device run that is still going (job and claim as lent)."""
-    lender = jobs.alias("lender")
+    lender = _LENDER
     return exists().where(workers.c.id == worker_id, lender.c.id == workers.c.lent_to,
                           lender.c.claim == workers.c.lent_claim, lender.c.state == RUNNING)
 
@@ -146,7 +154,8 @@ def lent_gpus(conn: Connection) -> set[str]:
 
 def fits_now(slot: Slot | None):
     """The job fits beside what runs on the slot's device now: a job that stated its memory, within the
-    budget left and beside no whole-device job; one that did not, on an otherwise idle device."""
+    budget left and beside no whole-device job, and (its statement and context) within what NVML last saw
+    free there; one that did not, on an otherwise idle device."""
     if slot is None:
         return true()
     other = jobs.alias("other")
@@ -154,32 +163,59 @@ def fits_now(slot: Slot | None):
     stated = other.c.need_gpu_memory + slot.headroom  # each running job's statement and its context
     used = select(func.coalesce(func.sum(stated), 0)).where(on_device).scalar_subquery()
     whole = exists().where(on_device, other.c.need_gpu_memory.is_(None))
+    # What the running jobs stated counts against the budget (a job claimed a moment ago has allocated
+    # nothing yet); what NVML sees in use, against the card: a context still being freed, a job past its
+    # statement, another program's memory. One bound each (no GREATEST, which SQLite lacks).
+    seen = [jobs.c.need_gpu_memory + slot.headroom <= slot.free] if slot.free is not None else []
     shares = and_(jobs.c.need_gpu_memory.is_not(None), ~whole,
-                  jobs.c.need_gpu_memory + slot.headroom + used <= slot.budget) \
+                  jobs.c.need_gpu_memory + slot.headroom + used <= slot.budget, *seen) \
         if slot.budget is not None else false()
     return or_(and_(jobs.c.need_gpu_memory.is_(None), ~exists().where(on_device)), shares)
 
 
 def head(device, plugins, worker_id, slot, fair, within_limits):
     """The job at the head of this worker's line: the project furthest under its fair share first (`fair`:
-    app/fair_share.py's rank), then priority, then age. Jobs are placed in that order without backfill: a head
-    that does not fit yet is waited for (devices free up), so a large job behind a stream of small ones waits
-    at most for the jobs running when it reached the head. It takes no row lock: claims take turns
-    (queue.claim), and a lock with SKIP LOCKED would let a claim look past a head that an idle worker's
-    has_work read was holding at that moment, and start a later job before it."""
-    return (select(jobs.c.id).where(eligible(device, plugins, worker_id, slot, within_limits))
-            .order_by(fair, jobs.c.priority.desc(), jobs.c.id).limit(1).scalar_subquery())
+    app/fair_share.py's Ranking.term; None when fewer than two projects compete), then priority, then age. Jobs are
+    placed in that order without backfill: a head that does not fit yet is waited for (devices free up), so a
+    large job behind a stream of small ones waits at most for the jobs running when it reached the head. It
+    takes no row lock: claims take turns (queue.claim), and a lock with SKIP LOCKED would let a claim look past
+    a head that an idle worker's has_work read was holding at that moment, and start a later job before it."""
+    frozen = tuple(sorted((kind, tuple(names)) for kind, names in (plugins or {}).items()))
+    return (select(jobs.c.id).where(_eligible(device, frozen, worker_id, slot), within_limits)
+            .order_by(*([fair] if fair is not None else []), jobs.c.priority.desc(), jobs.c.id)
+            .limit(1).scalar_subquery())
+
+
+# A worker's conditions are the same at every look and claim while its slot is: built once each (building them
+# was most of a claim's CPU: the jobs aliases' column proxies, the plugins' IN lists), not per call.
+@functools.lru_cache(maxsize=64)
+def _eligible(device: str, plugins: tuple[tuple[str, tuple[str, ...]], ...], worker_id: str | None,
+              slot: Slot | None):
+    return eligible(device, {kind: list(names) for kind, names in plugins}, worker_id, slot, true())
+
+
+_fits_now = functools.lru_cache(maxsize=64)(fits_now)
 
 
 def startable(conn: Connection, device: str, plugins: dict[str, list[str]] | None, worker_id: str | None,
-              slot: Slot | None, lease_s: float, lock: bool) -> tuple[int, list[dict]] | None:
+              slot: Slot | None, lease_s: float, lock: bool,
+              memo: fair_share.Memo | None = None) -> tuple[int, list[dict]] | None:
     """The job at the head of this worker's line, if it can start now, and the other ranks it would
-    borrow (none for a one-device job). A head that cannot start holds the worker back (no backfill)."""
+    borrow (none for a one-device job). A head that cannot start holds the worker back (no backfill).
+    memo: a claim cycle's (app/idle_look.py): fair share's reading made by its look is used again by its claim
+    when the same projects (or fewer) compete, and is left there for it."""
+    competing = fair_share.competing(conn, device)
+    if not competing:
+        return None  # nothing queued for this device: no other read
     held = project_limits.read(conn)  # once, for both terms
-    fair = fair_share.rank(conn, get_settings().fair_share_half_life_s, held)
+    ranking = memo.ranking if memo is not None else None
+    if ranking is None or not ranking.covers(competing):
+        ranking = fair_share.ranking(conn, get_settings().fair_share_half_life_s, held, competing)
+        if memo is not None:
+            memo.ranking = ranking
     within_limits = fair_share.limited(conn, device, held)
     first = conn.execute(select(jobs.c.id, jobs.c.devices, jobs.c.hosts).where(
-        jobs.c.id == head(device, plugins, worker_id, slot, fair, within_limits), fits_now(slot))).first()
+        jobs.c.id == head(device, plugins, worker_id, slot, ranking.term(), within_limits), _fits_now(slot))).first()
     if first is None:
         return None
     if slot is not None and device != "cpu" and slot.key in lent_gpus(conn):
@@ -190,95 +226,3 @@ def startable(conn: Connection, device: str, plugins: dict[str, list[str]] | Non
         return None
     others = helpers(conn, worker_id, device, first.devices - 1, lease_s, lock=lock, hosts=first.hosts or 1)
     return None if others is None else (first.id, others)
-
-
-class Waiting(StrEnum):
-    """What a queued job waits for, as a class (the reason label of trainyard_queue_depth, app/metrics.py)."""
-    TURN = "turn"                        # nothing: some live worker can take it, in its turn, when it fits
-    NO_WORKER = "no_worker"
-    UNAVAILABLE = "device_unavailable"   # only workers that cannot use their device serve its device
-    NO_DEVICE = "no_device_worker"       # no live worker serves its device
-    DRAINING = "draining"
-    DEVICES = "devices"                  # more devices than one host's live workers have
-    PLUGIN = "plugin"
-    GPU_MEMORY = "gpu_memory"
-    DEPENDENCY = "dependency"            # jobs it waits for ("after", a model job) have not succeeded yet
-
-
-def spread_short(cands: list[dict[str, Any]], devices: int, hosts: int) -> str | None:
-    """Why live, undrained workers cannot hold a job's `devices` spread over `hosts` hosts, or None if they can:
-    devices / hosts of one kind on each host, and for hosts > 1 every host's workers reachable at an address."""
-    per_host: dict[tuple[str, bool], int] = {}
-    for w in cands:
-        if hosts == 1 or (w.get("stats") or {}).get("addr"):
-            group = (w["host"], w["device"] == "cpu")
-            per_host[group] = per_host.get(group, 0) + 1
-    need = devices // hosts
-    if hosts == 1:
-        most, (host, _) = max(((n, g) for g, n in per_host.items()), default=(0, ("no host", False)))
-        return None if most >= devices else (
-            f"needs {devices} devices of one host; the most live, undrained workers of one kind on one host is "
-            f"{most} ({host}); set hosts to spread the job over several")
-    for cpu in (True, False):
-        full = sorted(h for (h, c), n in per_host.items() if c == cpu and n >= need)
-        if len(full) >= hosts:
-            return None
-    best = max((sorted(h for (h, c), n in per_host.items() if c == cpu and n >= need) for cpu in (True, False)),
-               key=len)
-    return (f"needs {hosts} hosts with {need} device(s) of one kind each, whose workers set TRAINYARD_NODE_ADDR; "
-            f"{len(best)} such host(s) have live, undrained workers ({', '.join(best) or 'none'})")
-
-
-def why_waiting(job: Job, live_workers: list[dict[str, Any]]) -> str | None:
-    """Why a queued job cannot start on any live worker, ever, as things stand (a worker that joins
-    may change that); None when some live worker could take it and it is only waiting its turn."""
-    found = waiting(job, live_workers)
-    return None if found is None else found[1]
-
-
-def waiting(job: Job, live_workers: list[dict[str, Any]]) -> tuple[Waiting, str] | None:
-    """why_waiting's answer and its class. Workers that cannot use their device (state unavailable) take
-    nothing; when only they serve the job's device, their reason is the job's."""
-    broken = [w for w in live_workers if w.get("state") == UNAVAILABLE
-              and job.device_req in device_names.accepted_by(w["device"])]
-    live_workers = [w for w in live_workers if w.get("state") != UNAVAILABLE]
-    if not live_workers and not broken:
-        return Waiting.NO_WORKER, "no worker is running"
-    cands = [w for w in live_workers if job.device_req in device_names.accepted_by(w["device"])]
-    if not cands:
-        if broken:
-            w = broken[0]
-            more = f" (and {len(broken) - 1} more unavailable)" if len(broken) > 1 else ""
-            return Waiting.UNAVAILABLE, (f"no live worker can use a device for {job.device_req}: worker {w['id']} "
-                                         f"on {w['host']} is unavailable{more}: "
-                                         f"{(w.get('stats') or {}).get('unavailable') or 'no reason given'}")
-        return Waiting.NO_DEVICE, f"no live worker serves device {job.device_req}"
-    cands = [w for w in cands if not w.get("draining")]
-    if not cands:
-        return Waiting.DRAINING, f"every live worker for device {job.device_req} is draining"
-    devices, hosts = job.devices or 1, job.hosts or 1
-    if devices > 1:
-        found = spread_short(cands, devices, hosts)
-        if found is not None:
-            return Waiting.DEVICES, found
-    for kind, need in (("models", job.need_model), ("datasets", job.need_dataset),
-                       ("entrypoints", job.need_entrypoint)):
-        if need is not None:
-            cands = [w for w in cands if need in ((w.get("stats") or {}).get("plugins") or {}).get(kind, [])]
-            if not cands:
-                return Waiting.PLUGIN, f"no live worker for device {job.device_req} has the {kind[:-1]} plugin {need!r}"
-    if job.need_gpu_memory is not None:
-        slots = [(((w.get("stats") or {}).get("slot") or {}), w) for w in cands]
-        # What a job may state there: the budget less the headroom its process costs beyond it.
-        offers = [(s["budget"] - (s.get("headroom") or 0), s.get("headroom") or 0, w)
-                  for s, w in slots if s.get("budget") is not None]
-        asked = f"needs {job.need_gpu_memory / 1e9:.1f} GB of GPU memory"
-        if not offers:
-            return Waiting.GPU_MEMORY, (f"{asked}; no live worker for device {job.device_req} offers GPU memory "
-                                        "(GPU workers do)")
-        most, headroom, w = max(offers, key=lambda o: o[0])
-        if most < job.need_gpu_memory:
-            beside = f", after {headroom / 1e9:.1f} GB of headroom for its CUDA context" if headroom else ""
-            return Waiting.GPU_MEMORY, (f"{asked}; the most a live worker offers is {most / 1e9:.1f} GB{beside} "
-                                        f"({w['host']} {w['device']})")
-    return None

@@ -62,20 +62,26 @@ def choose(engine: Engine, settings: Settings) -> list[tuple[int, int, int]]:
             workers.c.state == "idle", workers.c.last_heartbeat > now - settings.lease_s,
             ~workers.c.draining.is_(True)))]
         served_idle = {req for d in idle for req in device_names.accepted_by(d)}
-        held = project_limits.read(conn)  # once, for the limits, the rank and the shares below
-        heads = conn.execute(select(jobs.c.id, jobs.c.device_req, jobs.c.priority, jobs.c.project_id).where(
-            jobs.c.state == QUEUED, func.coalesce(jobs.c.devices, 1) == 1, dependencies.ready(),
-            fair_share.limited(conn, held=held)).order_by(fair_share.rank(conn, settings.fair_share_half_life_s, held),
-                                           jobs.c.priority.desc(), jobs.c.id)).all()
         rows = conn.execute(select(jobs.c.id, jobs.c.claim, jobs.c.priority, jobs.c.project_id, jobs.c.device,
                                    jobs.c.started_at, jobs.c.devices, _in_force().label("asked"))
                             .where(jobs.c.state == RUNNING, jobs.c.device.is_not(None))).all()
-        used, _ = fair_share.usage(conn, settings.fair_share_half_life_s)
+        queued = fair_share.competing(conn)
+        if not rows or not queued:
+            return []  # nothing runs to preempt, or nothing waits: no other read
+        held = project_limits.read(conn)  # once, for the limits, the rank and the shares below
+        # Fair share's reading, for the projects whose jobs wait or run only (those standing and _served_first
+        # weigh): the rank term orders the queued ones, the usage weighs them against the running ones.
+        used, _ = fair_share.usage(conn, settings.fair_share_half_life_s, queued | {r.project_id for r in rows})
+        fair = fair_share.ranking(conn, settings.fair_share_half_life_s, held, queued, used).term()
+        heads = conn.execute(select(jobs.c.id, jobs.c.device_req, jobs.c.priority, jobs.c.project_id).where(
+            jobs.c.state == QUEUED, func.coalesce(jobs.c.devices, 1) == 1, dependencies.ready(),
+            fair_share.limited(conn, held=held)).order_by(*([fair] if fair is not None else []),
+                                                          jobs.c.priority.desc(), jobs.c.id)).all()
         shares = fair_share.shares_of(conn, held)
     runs = [_Run(r.id, r.claim, r.priority, r.project_id, r.device, r.started_at,
                  max(0.0, now - r.started_at) * (r.devices or 1)) for r in rows if not r.asked]
     pending = {req for r in rows if r.asked for req in device_names.accepted_by(r.device)}
-    active = {h.project_id for h in heads} | {r.project_id for r in rows}
+    active = {h.project_id for h in heads} | {r.project_id for r in rows}  # of those read above
     standing = fair_share.standing(used, shares, active)
     chosen: list[tuple[int, int, int]] = []
     seen: set[str] = set()

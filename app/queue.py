@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import and_, case, delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 
-from trainyard.app import counters, placement, quotas, wakeup
+from trainyard.app import counters, idle_look, placement, quotas, wakeup
 from trainyard.app.accounts import Principal
 from trainyard.app.db import db_now, jobs, metrics, read, workers, write
 from trainyard.app.errors import Conflict, NotFound
@@ -107,10 +107,11 @@ def retry(engine: Engine, job_id: int, who: Principal | None = None) -> Job:
 # ---- the worker's side ------------------------------------------------------------------------
 
 def has_work(engine: Engine, device: str, plugins: dict[str, list[str]] | None = None,
-             worker_id: str | None = None, slot: placement.Slot | None = None, lease_s: float = 30.0) -> bool:
-    """A cheap read so idle workers can poll often without taking SQLite's write lock."""
-    with read(engine) as conn:
-        return placement.startable(conn, device, plugins, worker_id, slot, lease_s, lock=False) is not None
+             worker_id: str | None = None, slot: placement.Slot | None = None, lease_s: float = 30.0,
+             look: idle_look.Look | None = None, woken: bool = True) -> bool:
+    """A cheap read (no SQLite write lock); with the worker's `look`, one statement when nothing changed since
+    its last look found nothing (app/idle_look.py)."""
+    return idle_look.has_work(engine, device, plugins, worker_id, slot, lease_s, look, woken)
 
 
 # The PostgreSQL advisory lock claims take turns on (any constant; this one spells "tyclaim" in ASCII).
@@ -119,7 +120,7 @@ CLAIM_LOCK = 0x7479636C61696D
 
 def claim(engine: Engine, worker_id: str, device: str, lease_s: float,
           plugins: dict[str, list[str]] | None = None, slot: placement.Slot | None = None,
-          port: int = 0) -> Job | None:
+          port: int = 0, look: idle_look.Look | None = None) -> Job | None:
     """Atomically take the next queued job this worker can run: highest priority first, then oldest.
 
     Claims take turns: BEGIN IMMEDIATE on SQLite, a transaction-scoped advisory lock on PostgreSQL.
@@ -128,11 +129,12 @@ def claim(engine: Engine, worker_id: str, device: str, lease_s: float,
     own, and no worker looks past a head of the line that another is looking at (row locks with SKIP
     LOCKED alone let a worker skip a multi-device head that another worker was finding it could not
     start yet, and overtake it). A claim takes a few milliseconds. port: free on this host (first_rank).
-    """
+    look: the worker's, whose has_work began this claim cycle: its fair-share reading is used again."""
+    memo = look.claiming() if look is not None else None
     with write(engine) as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(select(func.pg_advisory_xact_lock(CLAIM_LOCK)))
-        found = placement.startable(conn, device, plugins, worker_id, slot, lease_s, lock=True)
+        found = placement.startable(conn, device, plugins, worker_id, slot, lease_s, lock=True, memo=memo)
         if found is None:
             return None
         job_id, others = found
@@ -151,8 +153,7 @@ def claim(engine: Engine, worker_id: str, device: str, lease_s: float,
                          .values(lent_to=row.id, lent_claim=row.claim))
             if "addr" in others[0]:
                 wakeup.notify(conn)  # the lent workers of other hosts start their ranks (worker/part.py)
-        # Epochs after the last checkpoint will be run again: drop their old records so the
-        # metrics history has neither a gap nor a duplicate epoch.
+        # Epochs after the last checkpoint run again: drop their records (no gap nor duplicate in the history).
         conn.execute(delete(metrics).where(metrics.c.job_id == row.id,
                                            metrics.c.epoch > (row.checkpoint_epoch or 0)))
     return Job.from_row(row)

@@ -84,6 +84,8 @@ jobs = Table(
     Index("ix_jobs_claim_order", "state", "priority", "id"),
     # Idle workers ask often whether anything fits their device: answer without scanning the queue.
     Index("ix_jobs_queued_device", "state", "device_req"),
+    # Fair share reads the competing projects' jobs that ended within its window (app/fair_share.py's usage).
+    Index("ix_jobs_project_finished", "project_id", "finished_at"),
     sqlite_autoincrement=True,  # a deleted job's id is never given to another (migration 0006)
 )
 

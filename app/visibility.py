@@ -3,6 +3,8 @@ whose project is NULL). Any other job answers exactly as a missing one does (Not
 that another project's ids are never disclosed; lists and counts keep `job_scope`'s rows. (Sweeps: sweep_reads,
 given who asks.) Torch-free.
 """
+from typing import Literal
+
 from sqlalchemy.engine import Engine
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -28,3 +30,11 @@ def seen(who: Principal | None, job: Job) -> Job:
 def job_scope(who: Principal) -> ColumnElement[bool] | None:
     """The condition on the jobs table a list (and its count) keeps for `who`; None: every row (an admin)."""
     return project_rows(jobs, who)
+
+
+def job_project(who: Principal | None) -> int | Literal[False] | None:
+    """job_scope as a value, for statements built once (job_reads.list_page): the project whose jobs `who` sees;
+    None: every job (an admin, or None: the service itself); False: none (a user in no project)."""
+    if who is None or who.admin:
+        return None
+    return False if who.project_id is None else who.project_id

@@ -19,6 +19,11 @@ repository root (PostgreSQL: the local server's `test` database, a fresh schema 
    one job to started_at of its next: the supervisor's own overhead between back-to-back jobs).
 
 --quick: 5 latency jobs, 3 s of idle CPU and a 6-job drain with 1 worker only.
+--history: before the measurements, a fleet's history is written straight into the service's database
+   (build_history: 50 projects with a member each, 200 jobs apiece that ran and ended within the last
+   hour, 10,000 rows, as retention keeps them for 30 days); the measured jobs are the admin's.
+--idle-s S: the idle worker's CPU over S seconds. The in-process cost of one claim and of one idle
+   poll (CPU time and statements, both backends, with and without that history) is bench/claim_cost.py's.
 
 The benchmark process polls GET /jobs/{id} (every 25 ms) while it waits, which costs the server a
 little CPU on the same 2 cores; the figures themselves come from the database timestamps.
@@ -30,6 +35,7 @@ import time
 from collections import Counter
 from contextlib import nullcontext
 
+from bench.claim_cost import build_history
 from bench.common import TINY_JOB, CpuMeter, env_line, iso_s, load_note, pct, postgres_schema, service, table, verdict
 from trainyard.app.states import TERMINAL, JobState
 
@@ -89,11 +95,13 @@ def idle_cpu(svc, seconds: float) -> float:
     return 100 * used["worker"] / used["wall"]
 
 
-def run_backend(backend: str, n: int, m: int, worker_counts, idle_s: float) -> dict:
+def run_backend(backend: str, n: int, m: int, worker_counts, idle_s: float, history: bool = False) -> dict:
     out: dict = {"drains": {}}
     for w in worker_counts:  # a fresh service, data dir and database (schema) each
         with (postgres_schema() if backend == "PostgreSQL" else nullcontext("")) as url, \
                 service(workers=w, database_url=url) as svc, svc.client() as c:
+            if history:
+                build_history(url or f"sqlite:///{svc.data_dir.resolve() / 'trainyard.db'}")
             if w == 1:  # latency and idle CPU on the same fresh service as the 1-worker drain
                 out["idle"] = idle_cpu(svc, idle_s)
                 out["lat"] = latency(svc, c, n)
@@ -107,16 +115,20 @@ def main() -> None:
     ap.add_argument("-n", type=int, help="jobs in the latency test (default 100, 5 with --quick)")
     ap.add_argument("-m", type=int, help="jobs per drain run (default 60, 6 with --quick)")
     ap.add_argument("--backend", choices=["sqlite", "postgres", "both"], default="both")
+    ap.add_argument("--history", action="store_true",
+                    help="a fleet's history in each database first: 50 projects x 200 jobs ended in the last hour")
+    ap.add_argument("--idle-s", type=float, help="seconds the idle worker's CPU is measured over (default 20, 3 "
+                                                 "with --quick)")
     args = ap.parse_args()
     n = args.n or (5 if args.quick else 100)
     m = args.m or (6 if args.quick else 60)
     worker_counts = (1,) if args.quick else (1, 2, 4)
-    idle_s = 3.0 if args.quick else 20.0
+    idle_s = args.idle_s or (3.0 if args.quick else 20.0)
     assert m <= 500, "drain reads the jobs back from one page of GET /jobs"
     backends = {"sqlite": ["SQLite"], "postgres": ["PostgreSQL"], "both": ["SQLite", "PostgreSQL"]}[args.backend]
 
     env = env_line(" and ".join(backends))  # taken first: its load average is the one the run started with
-    res = {b: run_backend(b, n, m, worker_counts, idle_s) for b in backends}
+    res = {b: run_backend(b, n, m, worker_counts, idle_s, args.history) for b in backends}
 
     def row(name, values, target="", check=None):
         verdicts = [verdict(v, check) for v in values] if check is not None else []
@@ -142,7 +154,8 @@ def main() -> None:
                          f"turnaround {d['gap_ms']:.0f} ms; load average {d['load']:.1f} at start")
     print(env)
     print(f"latency: {n} tiny jobs one at a time, 1 idle CPU worker; idle CPU: that worker over {idle_s:.0f} s "
-          f"with nothing queued; drain: {m} tiny jobs queued at once\n")
+          f"with nothing queued; drain: {m} tiny jobs queued at once"
+          f"{'; with a history of 50 projects x 200 ended jobs' if args.history else ''}\n")
     print(table(["measure", *backends, "target", "verdict"], rows))
     print("\n" + "\n".join(f"- {line}" for line in notes))
     print("\nAll times from the database clock (1 ms resolution). The worker, its job processes, the API server "

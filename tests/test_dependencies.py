@@ -12,7 +12,7 @@ from sqlalchemy import delete, select
 from tests.conftest import on_both_backends, tiny_job
 from tests.service import ROOT
 from trainyard import Client
-from trainyard.app import admission, job_reads, queue, submit, sweep_store
+from trainyard.app import admission, job_reads, queue, submit, sweep_store, waiting
 from trainyard.app.db import job_deps, jobs, read, write
 from trainyard.app.dependents import fail_dependents
 from trainyard.app.errors import Invalid
@@ -50,13 +50,13 @@ def test_a_job_is_claimed_only_once_what_it_waits_for_has_succeeded(engine, sett
     c = put(engine, after=[a.id, b.id], priority=10)  # first in line, were it not waiting
     took = claim(engine)
     assert took.id == a.id
-    waiting = admission.why_waiting(engine, settings, [job_reads.get_job(engine, c.id)])[c.id]
-    assert f"{a.id} (running)" in waiting and f"{b.id} (queued)" in waiting
+    why = waiting.of_jobs(engine, settings, [job_reads.get_job(engine, c.id)])[c.id]
+    assert f"{a.id} (running)" in why and f"{b.id} (queued)" in why
     finish(engine, took)
     took = claim(engine)
     assert took.id == b.id  # c still waits on b
     assert claim(engine) is None
-    assert f"{b.id} (running)" in admission.why_waiting(engine, settings, [job_reads.get_job(engine, c.id)])[c.id]
+    assert f"{b.id} (running)" in waiting.of_jobs(engine, settings, [job_reads.get_job(engine, c.id)])[c.id]
     finish(engine, took)
     assert claim(engine).id == c.id
 
@@ -196,7 +196,7 @@ def test_a_sweeps_best_trial_is_waited_for_then_named(engine, settings):
     evaluate, _ = submit.enqueue(engine, spec)
     fine_tune = put(engine, init_from=ref)
     assert fail_dependents(engine) == [] and claim(engine) is None  # the sweep still runs
-    shown = admission.why_waiting(engine, settings, [job_reads.get_job(engine, evaluate.id)])[evaluate.id]
+    shown = waiting.of_jobs(engine, settings, [job_reads.get_job(engine, evaluate.id)])[evaluate.id]
     assert f"sweep {sweep.id}'s best trial (running)" in shown
     assert sweep_store.finish(engine, sweep.id, "d", SweepState.SUCCEEDED)
     assert fail_dependents(engine) == []
@@ -211,10 +211,10 @@ def test_a_sweeps_best_trial_is_waited_for_then_named(engine, settings):
 def test_a_sweep_that_ends_with_no_best_trial_fails_the_jobs_waiting_on_it(engine, settings):
     sweep, _ = sweep_with_trials(engine, settings, [None])
     ref = f"sweep:{sweep.id}:best"
-    waiting = put(engine, {**EVALUATE, "model_job": ref})
+    evaluate = put(engine, {**EVALUATE, "model_job": ref})
     assert sweep_store.finish(engine, sweep.id, "d", SweepState.FAILED, "every trial failed")
-    assert fail_dependents(engine) == [waiting.id]
-    failed = job_reads.get_job(engine, waiting.id)
+    assert fail_dependents(engine) == [evaluate.id]
+    failed = job_reads.get_job(engine, evaluate.id)
     assert failed.error["class"] == "dependency"
     assert f"sweep {sweep.id}, whose best trial this job waits for, ended failed with no best trial" \
         in failed.error["message"]

@@ -1,11 +1,11 @@
-"""Why a queued job waits: placement.why_waiting fed the workers of a recorded mixed fleet (an 8x H100
+"""Why a queued job waits: waiting.why_waiting fed the workers of a recorded mixed fleet (an 8x H100
 host, an L4 box, a CPU-only host), through the same job records the queue makes."""
 from dataclasses import replace
 
 import pytest
 
 from tests.conftest import tiny_job
-from trainyard.app import migrate, placement, queue, submit
+from trainyard.app import migrate, placement, queue, submit, waiting
 from trainyard.app.db import make_engine
 from trainyard.app.spec import parse_spec
 
@@ -35,42 +35,42 @@ def job(engine, needs=None, **over):
 
 
 def test_a_job_that_fits_somewhere_only_waits_its_turn(engine):
-    assert placement.why_waiting(job(engine, resources={"gpu_memory_gb": 80}), FLEET) is None  # an H100 offers 85.5
-    assert placement.why_waiting(job(engine), FLEET) is None
+    assert waiting.why_waiting(job(engine, resources={"gpu_memory_gb": 80}), FLEET) is None  # an H100 offers 85.5
+    assert waiting.why_waiting(job(engine), FLEET) is None
 
 
 def test_a_job_no_card_can_hold_says_the_largest_there_is(engine):
-    why = placement.why_waiting(job(engine, resources={"gpu_memory_gb": 100}), FLEET)
+    why = waiting.why_waiting(job(engine, resources={"gpu_memory_gb": 100}), FLEET)
     assert why == "needs 100.0 GB of GPU memory; the most a live worker offers is 85.5 GB (h100-box cuda:0)"
     l4_only = [w for w in FLEET if w["host"] != "h100-box"]
-    assert "the most a live worker offers is 23.0 GB (l4-box cuda:0)" in placement.why_waiting(
+    assert "the most a live worker offers is 23.0 GB (l4-box cuda:0)" in waiting.why_waiting(
         job(engine, resources={"gpu_memory_gb": 40}), l4_only)
     cpu_only = [w for w in FLEET if w["device"] == "cpu"]
-    assert "no live worker for device auto offers GPU memory" in placement.why_waiting(
+    assert "no live worker for device auto offers GPU memory" in waiting.why_waiting(
         job(engine, resources={"gpu_memory_gb": 1}), cpu_only)
 
 
 def test_device_plugin_draining_and_no_worker(engine):
-    assert placement.why_waiting(job(engine, device="cuda:9"), FLEET) == "no live worker serves device cuda:9"
+    assert waiting.why_waiting(job(engine, device="cuda:9"), FLEET) == "no live worker serves device cuda:9"
     plugin_job = job(engine, needs={"models": "tinynet"}, model={"arch": "tinynet"})
-    assert placement.why_waiting(plugin_job, FLEET) == "no live worker for device auto has the model plugin 'tinynet'"
+    assert waiting.why_waiting(plugin_job, FLEET) == "no live worker for device auto has the model plugin 'tinynet'"
     run = replace(job(engine), need_entrypoint="cifar_loop")
-    assert placement.why_waiting(run, FLEET) is None  # the CPU box has it
-    assert placement.why_waiting(job(engine, device="cpu"), [{**w, "draining": True} for w in FLEET]) == \
+    assert waiting.why_waiting(run, FLEET) is None  # the CPU box has it
+    assert waiting.why_waiting(job(engine, device="cpu"), [{**w, "draining": True} for w in FLEET]) == \
         "every live worker for device cpu is draining"
-    assert placement.why_waiting(job(engine), []) == "no worker is running"
+    assert waiting.why_waiting(job(engine), []) == "no worker is running"
 
 
 def test_a_job_on_more_devices_than_any_host_has_says_the_most_there_is(engine):
-    assert placement.why_waiting(job(engine, devices=8), FLEET) is None  # the H100 box has 8
-    assert placement.why_waiting(job(engine, devices=9), FLEET) == \
+    assert waiting.why_waiting(job(engine, devices=8), FLEET) is None  # the H100 box has 8
+    assert waiting.why_waiting(job(engine, devices=9), FLEET) == \
         ("needs 9 devices of one host; the most live, undrained workers of one kind on one host is 8 (h100-box); "
          "set hosts to spread the job over several")
-    assert placement.why_waiting(job(engine, devices=2, device="cpu"), FLEET) == \
+    assert waiting.why_waiting(job(engine, devices=2, device="cpu"), FLEET) == \
         ("needs 2 devices of one host; the most live, undrained workers of one kind on one host is 1 (cpu-box); "
          "set hosts to spread the job over several")
     half_drained = [{**w, "draining": w["device"] in ("cuda:0", "cuda:1")} for w in FLEET]
-    assert "is 6 (h100-box)" in placement.why_waiting(job(engine, devices=8), half_drained)
+    assert "is 6 (h100-box)" in waiting.why_waiting(job(engine, devices=8), half_drained)
 
 
 def test_each_job_on_a_gpu_is_counted_with_headroom_for_its_cuda_context(engine):
@@ -89,10 +89,10 @@ def test_each_job_on_a_gpu_is_counted_with_headroom_for_its_cuda_context(engine)
     # A job stating all the card offers never fits beside its own context: it says why.
     whole = job(engine, resources={"gpu_memory_gb": 85})
     fleet = [{**w, "stats": {**w["stats"], "slot": {**w["stats"]["slot"], "headroom": 1 << 30}}} for w in FLEET]
-    assert placement.why_waiting(whole, fleet) == (
+    assert waiting.why_waiting(whole, fleet) == (
         "needs 85.0 GB of GPU memory; the most a live worker offers is 84.4 GB, after 1.1 GB of headroom for its "
         "CUDA context (h100-box cuda:0)")
-    assert placement.why_waiting(whole, FLEET) is None  # a worker without headroom: 85.5 GB
+    assert waiting.why_waiting(whole, FLEET) is None  # a worker without headroom: 85.5 GB
 
 
 def test_gpu_workers_claim_with_the_configured_headroom(tmp_path):
@@ -113,9 +113,9 @@ def test_a_job_only_unavailable_workers_serve_waits_with_their_reason(engine):
     why = "cuda:0: CUDA is not available: no NVIDIA driver is visible to this process"
     broken = {**worker("old-box", "cuda:0"), "state": "unavailable", "stats": {"unavailable": why}}
     cpu_only = [worker("cpu-box", "cpu"), broken]
-    assert placement.why_waiting(job(engine, device="cuda"), cpu_only) == \
+    assert waiting.why_waiting(job(engine, device="cuda"), cpu_only) == \
         f"no live worker can use a device for cuda: worker old-box-cuda:0 on old-box is unavailable: {why}"
-    assert placement.why_waiting(job(engine), cpu_only) is None  # `auto`: the CPU worker takes it
-    assert placement.why_waiting(job(engine, device="cuda"), [broken, {**broken, "id": "b2"}]).endswith(
+    assert waiting.why_waiting(job(engine), cpu_only) is None  # `auto`: the CPU worker takes it
+    assert waiting.why_waiting(job(engine, device="cuda"), [broken, {**broken, "id": "b2"}]).endswith(
         f"is unavailable (and 1 more unavailable): {why}")
-    assert placement.why_waiting(job(engine, device="cuda"), [*FLEET, broken]) is None  # a usable GPU worker too
+    assert waiting.why_waiting(job(engine, device="cuda"), [*FLEET, broken]) is None  # a usable GPU worker too

@@ -174,7 +174,7 @@ def test_counters_outlive_the_rows_they_counted_and_count_lost_leases(engine):
 
 
 def test_the_queue_by_device_and_reason_class_and_its_oldest_age(engine):
-    """The reason label is a class of placement.waiting's answer (bounded), not its free text; a retried job's
+    """The reason label is a class of app/waiting.py's answer (bounded), not its free text; a retried job's
     age counts from its retry, not from its submit."""
     cpu, _ = submit.enqueue(engine, parse_spec(SPEC))
     submit.enqueue(engine, parse_spec({**SPEC, "device": "cuda"}))

@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import update
 
 from tests.conftest import tiny_job
-from trainyard.app import placement, queue, spread, submit
+from trainyard.app import placement, queue, spread, submit, waiting
 from trainyard.app import workers as registry
 from trainyard.app.db import workers, write
 from trainyard.app.spec import parse_spec
@@ -64,14 +64,14 @@ def test_a_job_across_hosts_waits_for_hosts_with_addresses_and_says_why(engine):
     job = spread_job(engine)
     assert queue.claim(engine, "a0", "cpu", LEASE, None, a0, port=1) is None  # hostB's worker has no address
     listed, _ = registry.list_workers(engine)
-    assert placement.why_waiting(job, listed) == (
+    assert waiting.why_waiting(job, listed) == (
         "needs 2 hosts with 1 device(s) of one kind each, whose workers set TRAINYARD_NODE_ADDR; 1 such host(s) "
         "have live, undrained workers (hostA)")
     # A worker without an address of its own never claims such a job: its ranks could not be reached.
     worker(engine, "b1", "hostB", "10.9.0.2")
     assert queue.claim(engine, "b0", "cpu", LEASE, None, placement.Slot("b0", gang=8), port=1) is None
     listed, _ = registry.list_workers(engine)
-    assert placement.why_waiting(job, listed) is None
+    assert waiting.why_waiting(job, listed) is None
     got = queue.claim(engine, "b1", "cpu", LEASE, None, placement.Slot("b1", addr="10.9.0.2", gang=8), port=99)
     assert [r["worker"] for r in got.ranks] == ["b1", "a0"] and spread.master(got.ranks) == "10.9.0.2:99"
 

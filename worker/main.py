@@ -24,6 +24,7 @@ from trainyard.app import (
     device_names,
     gpu_order,
     hardware,
+    idle_look,
     migrate,
     placement,
     plugins,
@@ -36,7 +37,7 @@ from trainyard.app import workers as registry
 from trainyard.app.db import make_engine
 from trainyard.app.records import Job
 from trainyard.app.settings import Settings
-from trainyard.worker import fork_server, launch, part, prepare
+from trainyard.worker import fork_server, launch, part, prepare, slots, status_file
 from trainyard.worker.plan import JobPlan
 
 log = logging.getLogger("trainyard.worker")
@@ -69,6 +70,9 @@ class Worker:
         self._beat_for: tuple[str, int | None] | None = None  # the (state, job) the last heartbeat was asked for
         self._marked_stopping = False
         self._last_look = 0.0
+        # What its looks at the queue remember (app/idle_look.py), and whether a wake-up came since the last one.
+        self.look = idle_look.Look(every_s=settings.lease_s)
+        self._woken = True
         self.listener: wakeup.Listener | None = None  # run() starts listening for queue changes
         self.network_call_since: float | None = None  # when the call to the database or bucket under way began
         self.last_part: tuple[int, int] | None = None  # the (job, claim) whose ranks on this host it ran last
@@ -129,6 +133,7 @@ class Worker:
         self.stats = {"build": build, "host": reading, "slot": asdict(self.slot), "unavailable": self.unavailable,
                       "plugins": self.plugins, "plugin_details": plugins.describe(offered),
                       "addr": self.settings.node_addr}
+        status_file.write(self.settings, registry.UNAVAILABLE if self.unavailable else "idle", self.unavailable)
         self.db(registry.register_worker, self.id, self.settings.node, os.getpid(), self.device, self.stats,
                 registry.UNAVAILABLE if self.unavailable else "idle")
         self.listener = wakeup.Listener(self.engine, self.id)
@@ -146,7 +151,8 @@ class Worker:
                         self.db(dependents.fail_dependents)
                         break
                     # Woken when the queue changes; poll_s is only the safety net. Heartbeats stay on time.
-                    self.listener.wait(max(0.0, min(self.settings.poll_s, self._next_beat - time.monotonic())))
+                    self._woken = self.listener.wait(
+                        max(0.0, min(self.settings.poll_s, self._next_beat - time.monotonic())))
                     # A burst of submissions this worker cannot take (another device's, say) wakes it once
                     # per look, not once per job: looks are at least LOOK_GAP_S apart.
                     time.sleep(max(0.0, self._last_look + LOOK_GAP_S - time.monotonic()))
@@ -173,14 +179,18 @@ class Worker:
             self.housekeeping(state="idle", job_id=None)
             if self.unavailable:
                 return None
+            self.slot = slots.with_free(self.slot, self.device)
             if self.slot.addr:  # lent to a job across hosts, the first of this host's ranks: run them
                 job = self.db(spread.part_to_run, self.id, self.settings.node)
                 if job is not None and (job.id, job.claim) != self.last_part:
                     self.last_part = (job.id, job.claim)
                     return job
-            if self.db(queue.has_work, self.device, self.plugins, self.id, self.slot, self.settings.lease_s):
+            # A safety-net look (not woken) costs one statement when nothing changed since the last one.
+            woken, self._woken = self._woken, False
+            if self.db(queue.has_work, self.device, self.plugins, self.id, self.slot, self.settings.lease_s,
+                       look=self.look, woken=woken):
                 return self.db(queue.claim, self.id, self.device, self.settings.lease_s, self.plugins, self.slot,
-                               port=ports.free_port(self.slot.addr) if self.slot.addr else 0)
+                               port=ports.free_port(self.slot.addr) if self.slot.addr else 0, look=self.look)
         except OperationalError:
             log.exception("database unavailable; the worker keeps trying")
             time.sleep(2.0)
@@ -190,20 +200,7 @@ class Worker:
         return spread.part_leaders(job.ranks).get(self.settings.node) == self.id
 
     def _slot(self, reading: dict, build: dict | None = None) -> placement.Slot:
-        """The device this worker claims for: a GPU by its UUID (workers on one GPU share it and its
-        memory), the host's CPU when TRAINYARD_DEVICE_MEMORY_GB offers it memory, else its own."""
-        budget = int(self.settings.device_memory_gb * 1e9) if self.settings.device_memory_gb else None
-        if self.device.startswith("cuda"):
-            own = next((g for g in reading["gpus"] if g["uuid"] == reading["device_uuid"]), None)
-            # The GPU's UUID (NVML's, else torch's): a multi-device job pins its ranks by it.
-            key = reading["device_uuid"] or f"{self.settings.node}/{self.device}"
-            n = device_names.cuda_index(self.device)
-            seen = (build or {}).get("cuda_devices") or []
-            total = own["memory_total"] if own and own.get("memory_total") else \
-                seen[n].get("total_memory") if n is not None and n < len(seen) else None
-            return placement.Slot(key, budget or total, headroom=self.settings.gpu_context_headroom_bytes,
-                                  addr=self.settings.node_addr)
-        return placement.Slot(f"{self.settings.node}/cpu" if budget else self.id, budget, addr=self.settings.node_addr)
+        return slots.of(self.settings, self.id, self.device, reading, build)
 
     def housekeeping(self, state: str, job_id: int | None) -> None:
         """Heartbeat and sweep for lost jobs, at most every heartbeat_s (a job begun: at once). The API server
@@ -231,7 +228,9 @@ class Worker:
         elif state == "idle":  # lent to another worker's multi-device job: its device is one of that job's ranks
             lent = self.db(registry.lent_to, self.id)
             state, job_id = ("busy", lent) if lent is not None else (state, job_id)
-        self.db(registry.worker_heartbeat, self.id, state, job_id, self.stats)
+        status_file.write(self.settings, state, self.unavailable)  # the container's health check reads it
+        if (held := self.db(registry.worker_heartbeat, self.id, state, job_id, self.stats)) and not self.unavailable:
+            self.mark_unavailable(held)  # another worker took it out of service: the device it lent failed
         for jid, new_state in queue.requeue_expired(self.engine) if due else ():
             log.warning("job %s lost its worker (lease expired): now %s", jid, new_state)
 
@@ -248,6 +247,7 @@ class Worker:
         log.error("worker %s is now unavailable, it takes no more jobs: %s", self.id, reason)
         self.unavailable = reason
         self.stats = {**self.stats, "unavailable": reason}
+        status_file.write(self.settings, registry.UNAVAILABLE, reason)
         self.db(registry.worker_heartbeat, self.id, registry.UNAVAILABLE, None, self.stats)
 
     def note_torch_memory(self, metrics: dict) -> None:

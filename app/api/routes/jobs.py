@@ -10,9 +10,21 @@ from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.engine import Engine
 
-from trainyard.app import admission, audit, deletion, dependencies, job_reads, job_summaries, queue, submit, visibility
+from trainyard.app import (
+    admission,
+    audit,
+    db,
+    deletion,
+    dependencies,
+    job_reads,
+    job_summaries,
+    queue,
+    submit,
+    visibility,
+    waiting,
+)
 from trainyard.app.accounts import Principal
-from trainyard.app.api.deps import EngineDep, ReaderDep, SettingsDep, WhoDep, client_address
+from trainyard.app.api.deps import EngineDep, SettingsDep, WhoDep, client_address
 from trainyard.app.api.schemas import HEAVY, NOT_FOUND, JobPublic, JobsPublic, job_fields, responses
 from trainyard.app.spec import (
     JOB_KINDS,
@@ -52,9 +64,9 @@ async def submit_job(spec: Annotated[JobSpec, Body(openapi_examples=EXAMPLES)], 
                      idempotency_key: Annotated[str | None, Header(max_length=200, description=(
                          "a retried submit with the same key and body answers the first one's job (within the "
                          "project: another project's same key makes its own)"))] = None) -> Response:
-    job, created, waiting = await run_in_threadpool(_submit, engine, settings, spec, idempotency_key, who,
+    job, created, why = await run_in_threadpool(_submit, engine, settings, spec, idempotency_key, who,
                                                     client_address(request))
-    return as_json(job_fields(job, waiting), 201 if created else 200)
+    return as_json(job_fields(job, why), 201 if created else 200)
 
 
 def _submit(engine, settings, spec, idempotency_key, who: Principal, client: str | None):
@@ -64,7 +76,7 @@ def _submit(engine, settings, spec, idempotency_key, who: Principal, client: str
     if created:  # a retry answered with the job it made changed nothing
         audit.record(engine, who, "submit", f"job {job.id}", client, {"kind": job.kind})
     # A job that waits on another says so from the start (GET adds the fleet's view: workers, limits).
-    return job, created, admission.waiting_at_submit(engine, [job] if dependencies.names_any(spec) else []).get(job.id)
+    return job, created, waiting.at_submit(engine, [job] if dependencies.names_any(spec) else []).get(job.id)
 
 
 @router.post("/batch", status_code=201, response_model=list[JobPublic], operation_id="submit_jobs",
@@ -74,8 +86,8 @@ async def submit_jobs(specs: Annotated[JobBatch, Body(openapi_examples=BATCH_EXA
     """Several jobs at once, inserted in one transaction (all or none) and answered in order: a pipeline. A
     job may name an earlier job of the batch as "$N" (its position) in after, model_job or init_from, and waits
     for it as for any job it names."""
-    created, waiting = await run_in_threadpool(_submit_batch, engine, settings, specs, who, client_address(request))
-    return as_json([job_fields(job, waiting.get(job.id)) for job in created], 201)
+    created, why = await run_in_threadpool(_submit_batch, engine, settings, specs, who, client_address(request))
+    return as_json([job_fields(job, why.get(job.id)) for job in created], 201)
 
 
 def _submit_batch(engine, settings, specs, who: Principal, client: str | None):
@@ -86,11 +98,11 @@ def _submit_batch(engine, settings, specs, who: Principal, client: str | None):
     for job in created:  # one record a job, each naming its batch
         audit.record(engine, who, "submit", f"job {job.id}", client, {"kind": job.kind, "batch": batch})
     named = [job for job, spec in zip(created, specs) if dependencies.names_any(spec)]
-    return created, admission.waiting_at_submit(engine, named)
+    return created, waiting.at_submit(engine, named)
 
 
 @router.get("", response_model=JobsPublic, operation_id="list_jobs")
-async def list_jobs(settings: SettingsDep, reader: ReaderDep, who: WhoDep,
+async def list_jobs(request: Request, who: WhoDep,
                     state: Annotated[JobState | None, Query()] = None,
                     kind: Annotated[Literal[JOB_KINDS] | None, Query()] = None,  # type: ignore[valid-type]
                     limit: Annotated[int, Query(ge=1, le=500)] = 50,
@@ -106,17 +118,21 @@ async def list_jobs(settings: SettingsDep, reader: ReaderDep, who: WhoDep,
     has all of it); `summary` has what a list shows of the spec. A page holds about TRAINYARD_MAX_LIST_BYTES at
     most, whatever it includes: past it the page ends early (`truncated`), and `next_offset` is where the next page
     starts."""
+    settings, reader = request.app.state.settings, request.app.state.reader  # as get_job: no dependencies to solve
     wanted = tuple(sorted(set(include.split(",")))) if include else ()
-    scope = visibility.job_scope(who)
+    project = visibility.job_project(who)
+    leave_out = tuple(h for h in HEAVY if h not in wanted)
 
-    def read(engine):
-        rows, count = job_reads.list_jobs(engine, state, kind, limit, offset, sweep_id=sweep,
-                                          leave_out=tuple(h for h in HEAVY if h not in wanted),
-                                          max_bytes=settings.max_list_bytes, scope=scope)
-        return rows, count, admission.why_waiting(engine, settings, rows), job_summaries.summaries(engine, rows)
-    rows, count, waiting, about = await reader.run(read)
+    def read_page(engine):
+        # One connection for the page and what its items share (the workers, their dependencies, summaries):
+        # a constant number of statements whatever the page's size (tests/test_hot_paths.py counts them).
+        with db.read(engine) as conn:
+            rows, count = job_reads.list_page(conn, state, kind, limit, offset, leave_out, sweep,
+                                              settings.max_list_bytes, project)
+            return rows, count, waiting.on_page(conn, settings, rows), job_summaries.summaries_on(conn, rows)
+    rows, count, why, about = await reader.run(read_page)
     after = offset + len(rows)
-    return as_json({"data": [job_fields(r, waiting.get(r.id), wanted, about.get(r.id)) for r in rows],
+    return as_json({"data": [job_fields(r, why.get(r.id), wanted, about.get(r.id)) for r in rows],
                     "count": count, "limit": limit, "offset": offset,
                     "truncated": len(rows) < min(limit, count - offset),
                     "next_offset": after if after < count else None})
@@ -130,9 +146,9 @@ async def get_job(job_id: JobId, request: Request, who: WhoDep) -> Response:
 
     def read(engine):
         job = visibility.job_for(engine, who, job_id)
-        return job, admission.why_waiting(engine, settings, [job]).get(job.id)
-    job, waiting = await reader.run(read)
-    return as_json(job_fields(job, waiting))
+        return job, waiting.of_jobs(engine, settings, [job]).get(job.id)
+    job, why = await reader.run(read)
+    return as_json(job_fields(job, why))
 
 
 def as_json(values: dict | list, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
