@@ -71,3 +71,40 @@ def torch_order(gpus: list[dict], torch_uuids: list[str | None]) -> list[int | N
 def visible_cuda_count() -> int:
     nv = nvml.nvml_devices()
     return len(visible_indices(nv)) if nv else 0
+
+
+def visible_uuids(gpus: list[dict], env: str | None = None) -> list[str]:
+    """What CUDA_VISIBLE_DEVICES to give each of this host's workers, one per device CUDA may use here (honouring
+    a CUDA_VISIBLE_DEVICES already set, as visible_indices does): the UUID NVML gives each card, or each MIG
+    instance of a card in MIG mode (CUDA reaches an instance through that variable only, one per process).
+    An entry NVML could not read goes by its index: its worker then registers unavailable, saying why."""
+    return [gpus[p].get("uuid") or str(gpus[p]["nvml_index"]) for p in visible_indices(gpus, env)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print visible_uuids() of this host, space-separated (the image's entrypoint starts a worker per word).
+    --readings FILE lists recorded NVML readings instead: {"driver_version": ..., "cards": [each card as
+    nvml._read_card reads it, a MIG-mode card with its "mig" list, or {"error": text} for one NVML fails on]}."""
+    import argparse
+    import json
+    p = argparse.ArgumentParser(prog="python -m trainyard.app.gpu_order", description=main.__doc__)
+    p.add_argument("--readings", metavar="FILE")
+    args = p.parse_args(argv)
+    if args.readings:
+        with open(args.readings) as f:
+            recorded = json.load(f)
+        cards = recorded["cards"]
+
+        def read(i: int) -> dict:
+            if "error" in cards[i]:
+                raise RuntimeError(cards[i]["error"])
+            return dict(cards[i])
+        gpus: list[dict] | None = nvml.gpu_entries(len(cards), read, recorded.get("driver_version"))
+    else:
+        gpus = nvml.nvml_devices()
+    print(" ".join(visible_uuids(gpus or [])))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -120,3 +120,56 @@ def gpu_entries(count: int, read: Callable[[int], dict], driver: str | None,
 
 def _s(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+# -- one GPU's processes and free memory: a job's CUDA context being freed, and what placement sees ----------------
+
+_handles: dict[tuple[int, str], Any] = {}  # (pid, UUID) -> NVML handle: a handle does not survive a fork
+
+
+def _handle(nv, uuid: str):
+    key = (os.getpid(), uuid)
+    if key not in _handles:
+        _handles[key] = nv.nvmlDeviceGetHandleByUUID(uuid)
+    return _handles[key]
+
+
+def compute_processes(uuid: str) -> list[tuple[int, int | None]] | None:
+    """(pid, bytes it uses, None where NVML cannot say) of each compute process NVML lists on the GPU or MIG
+    instance named by uuid; None without NVML or when that GPU cannot be read (nothing known to wait for).
+    The pids are the host's: under a PID namespace of its own (a container without --pid=host) they are not
+    this process's pids."""
+    nv = _nvml()
+    if nv is None:
+        return None
+    try:
+        return processes_of(nv, _handle(nv, uuid))
+    except Exception:
+        return None
+
+
+def processes_of(nv, handle) -> list[tuple[int, int | None]]:
+    """NVML's compute processes on a handle, through the newest of the calls this driver has (_v3 from R510)."""
+    for name in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
+                 "nvmlDeviceGetComputeRunningProcesses"):
+        call = getattr(nv, name, None)
+        if call is None:
+            continue
+        try:
+            found = call(handle)
+        except nv.NVMLError_FunctionNotFound:
+            continue
+        return [(int(p.pid), p.usedGpuMemory) for p in found]
+    return []
+
+
+def memory_free(uuid: str) -> int | None:
+    """The bytes NVML says are free on the GPU or MIG instance named by uuid now (every process's memory,
+    contexts still being freed included, is not); None without NVML or when it cannot be read."""
+    nv = _nvml()
+    if nv is None:
+        return None
+    try:
+        return int(nv.nvmlDeviceGetMemoryInfo(_handle(nv, uuid)).free)
+    except Exception:
+        return None

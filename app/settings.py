@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     # Bytes each job that states its GPU memory is counted for beyond its statement on a GPU (its CUDA
     # context, outside the allocator's cap): jobs packed to the card's total must still fit (app/placement.py).
     gpu_context_headroom_bytes: int = Field(1 << 30, ge=0, le=1 << 40)
+    # After a job process on a GPU ends, its worker claims nothing until NVML no longer lists the job's
+    # processes there (their CUDA contexts freed), for at most this long (worker/gpu_release.py); 0: no wait.
+    gpu_release_wait_s: float = Field(30.0, ge=0, le=3600)
     # Which installed plugins this process offers: "*" all, "" none, or a comma-separated list of names.
     plugins: str = "*"
     # Built-in architectures over this many parameters are refused at submit (422).
@@ -127,6 +130,9 @@ class Settings(BaseSettings):
     # can reach this one. The interface NCCL and gloo use is theirs to pick: NCCL_SOCKET_IFNAME,
     # GLOO_SOCKET_IFNAME in the worker's environment reach its job processes.
     node_addr: str | None = Field(None, max_length=255)
+    # Where each worker writes its state at every heartbeat for the container's health check
+    # (worker/status_file.py, docker/healthcheck.py); the image's entrypoint sets it. None: not written.
+    worker_status_dir: Path | None = None
 
     @field_validator("storage_url")
     @classmethod

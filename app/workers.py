@@ -1,4 +1,5 @@
-"""The worker registry: workers register, heartbeat with their state and device stats, and are judged lost.
+"""The worker registry: workers register, heartbeat with their state and device stats, and are judged lost; one
+whose lent device failed under another worker's job is taken out of service by that worker (quarantine).
 
 Not the queue: nothing here changes a job. The supervisor writes, the API and monitoring read.
 """
@@ -26,12 +27,44 @@ def register_worker(engine: Engine, worker_id: str, host: str, pid: int, device:
 
 
 def worker_heartbeat(engine: Engine, worker_id: str, state: str, job_id: int | None,
-                     stats: dict | None = None) -> None:
+                     stats: dict | None = None) -> str | None:
+    """Record a worker's heartbeat. Returns why it is out of service when another worker took it out (quarantine)
+    and it reports itself live: its row stays unavailable, saying why, and it is to claim nothing more."""
     values: dict[str, Any] = dict(state=state, job_id=job_id, last_heartbeat=db_now())
     if stats is not None:
         values["stats"] = stats
+    held = None
     with write(engine) as conn:
+        if state in LIVE:  # unavailable is for good: a live beat must not undo a quarantine it has not seen yet
+            row = conn.execute(select(workers.c.stats).where(workers.c.id == worker_id, workers.c.state == UNAVAILABLE)
+                               .with_for_update()).first()
+            if row is not None:
+                held = (row.stats or {}).get("unavailable") or "taken out of service"
+                values.update(state=UNAVAILABLE, job_id=None, stats={**(stats or row.stats or {}), "unavailable": held})
         conn.execute(update(workers).where(workers.c.id == worker_id).values(**values))
+    return held
+
+
+def quarantine(engine: Engine, worker_id: str, reason: str) -> bool:
+    """Take a live worker out of service from another worker (the device it lent a multi-device run failed
+    under that run): unavailable, saying why, as its own mark_unavailable would. Only an idle or busy one (a
+    worker stopping or stopped keeps its state); it learns at its next heartbeat. False: no such live worker."""
+    with write(engine) as conn:
+        row = conn.execute(select(workers.c.stats).where(workers.c.id == worker_id, workers.c.state.in_(LIVE))
+                           .with_for_update()).first()
+        if row is None:
+            return False
+        conn.execute(update(workers).where(workers.c.id == worker_id, workers.c.state.in_(LIVE)).values(
+            state=UNAVAILABLE, job_id=None, stats={**(row.stats or {}), "unavailable": reason}))
+    return True
+
+
+def device_owner(ranks: list[dict[str, str]] | None, rank: Any) -> str | None:
+    """The worker whose device rank `rank` of a multi-device run used (jobs.ranks, rank 0 first: the claimer's);
+    None for a run on one device, or a rank the run does not have."""
+    if not ranks or isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(ranks):
+        return None
+    return ranks[rank].get("worker")
 
 
 def lent_to(engine: Engine, worker_id: str) -> int | None:
@@ -53,7 +86,7 @@ def list_workers(engine: Engine, include_stopped: bool = False) -> tuple[list[di
 
 
 def still_placing(listed: list[dict], now: float, stale_after_s: float) -> list[dict]:
-    """The workers a queued job may still get, as placement.waiting weighs them: the live ones, and those alive
+    """The workers a queued job may still get, as app/waiting.py weighs them: the live ones, and those alive
     but unable to use their device (their reason becomes the job's)."""
     return [w for w in listed if worker_state(w, now, stale_after_s) in (*LIVE, UNAVAILABLE)]
 

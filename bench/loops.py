@@ -7,16 +7,19 @@ THREADS sets torch's intra-op thread count (bench/train_throughput.py tries each
   a list), as written in the project's founding tutorials.
 - seed002: the classic CIFAR-10 notebook loop: torchvision FakeData through ToTensor + Normalize,
   a DataLoader with shuffle and num_workers=2, `.to(device)` per batch, `loss.item()` per step.
-- tight: the best plain eager loop we know: tensors in memory, a shuffled index per epoch, batches
+- tight: the best plain loop we know: tensors in memory, a shuffled index per epoch, batches
   sliced from it (no gather at all when one batch holds the whole split), losses accumulated on the
   device and read once per epoch; the service's own optimizer (train_setup.make_optimizer: fused where
-  PyTorch has the kernel), where seed000 and seed002 keep the tutorials' per-tensor ones.
+  PyTorch has the kernel), where seed000 and seed002 keep the tutorials' per-tensor ones. Where the spec
+  asks, the model and each batch in channels_last and the model through `torch.compile(model)`, as a
+  user writes them (the compile happens in the first epoch, which no rate counts).
 Every epoch's clock stops only once the device has finished the epoch's work (`now`): on CUDA the
 loops' calls return as soon as the kernels are queued, and their clock would measure the launches.
 Every loop runs with the numerics the service applies to the same spec (worker/torch_devices/switches.py:
-TF32, cuDNN's autotuner, determinism; the tight loop its precision too), applied by the same function, and
-prints them (`numerics`) for bench/train_throughput.py to show beside the service's: a ratio then measures
-the service, not a switch one side had on.
+TF32, cuDNN's autotuner, determinism; the tight loop its precision, channels_last and compile too), applied by
+the same function, and prints them (`numerics`, and `model_switches`: channels_last, compile, the optimizer)
+for bench/train_throughput.py to show beside the service's: a ratio then measures the service, not a switch
+one side had on. It also prints the model's training FLOPs per sample and the device's name, for the MFU.
 """
 import json
 import sys
@@ -26,7 +29,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.cases import CASES
+from bench import flops
+from bench.cases import spec_for
 from trainyard.app.spec import TrainJob, parse_spec
 from trainyard.worker import data, nets, train_setup
 from trainyard.worker.torch_devices import switches
@@ -39,7 +43,8 @@ def now(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def seed000(spec, d, device, epochs):
+def seed000(spec, d, device, epochs, applied):
+    applied["optimizer"] = "per-tensor"
     torch.manual_seed(spec.train.seed)
     model = nets.build_model(spec.model, d.input_shape, len(d.class_names)).to(device)
     criterion = nn.CrossEntropyLoss()
@@ -58,11 +63,15 @@ def seed000(spec, d, device, epochs):
     return seconds, len(y_train)
 
 
-def tight(spec, d, device, epochs):
+def tight(spec, d, device, epochs, applied):
     torch.manual_seed(spec.train.seed)
     model = nets.build_model(spec.model, d.input_shape, len(d.class_names)).to(device)
+    channels_last = switches.use_channels_last(spec.train.channels_last, d.input_shape, applied)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
     criterion = nn.CrossEntropyLoss()
-    optimizer = train_setup.make_optimizer(spec.train, model)
+    optimizer = train_setup.make_optimizer(spec.train, model, applied)
+    forward = compiled(model, spec.train.compile, applied)
     precision, _ = switches.resolve_precision(device, spec.train.precision)
     scaler = switches.grad_scaler(device, precision)
     x, y, bs = d.x_train.to(device), d.y_train.to(device), spec.train.batch_size
@@ -78,8 +87,11 @@ def tight(spec, d, device, epochs):
             else:
                 idx = perm[i:i + bs]
                 xb, yb = x[idx], y[idx]
+            if channels_last:
+                xb = xb.contiguous(memory_format=torch.channels_last)
             with switches.autocast(device, precision):
-                loss = criterion(model(xb), yb)
+                logits = forward(xb)
+            loss = criterion(logits.float(), yb)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(optimizer)
@@ -90,7 +102,14 @@ def tight(spec, d, device, epochs):
     return seconds, len(y)
 
 
-def seed002(spec, d, device, epochs):
+def compiled(model: nn.Module, wanted: bool, applied: dict) -> nn.Module:
+    """torch.compile(model) where the spec asks, as a user writes it (no warm-up, no fallback: torch compiles at
+    the first batch, and a failure fails the run); recorded as the service records it."""
+    applied["compile"] = "on" if wanted else "off"
+    return torch.compile(model) if wanted else model  # type: ignore[return-value]  # an OptimizedModule
+
+
+def seed002(spec, d, device, epochs, applied):
     import torchvision
     import torchvision.transforms as transforms
 
@@ -106,6 +125,7 @@ def seed002(spec, d, device, epochs):
     net = nets.build_model(spec.model, d.input_shape, len(d.class_names)).to(device)
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(net.parameters(), lr=spec.train.lr, momentum=spec.train.momentum)
+    applied["optimizer"] = "per-tensor"
     seconds = []
     for _epoch in range(epochs):
         start = now(device)
@@ -127,16 +147,22 @@ LOOPS = {"seed000": seed000, "seed002": seed002, "tight": tight}
 
 def main() -> None:
     case, loop, epochs, data_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
-    spec = parse_spec(CASES[case])
-    assert isinstance(spec, TrainJob), f"{case} is not a training job"
     # The device the service's job runs on, so that both sides are measured on the same one.
     device = torch.device(sys.argv[5] if len(sys.argv) > 5 else "cpu")
+    spec = parse_spec(spec_for(case, str(device)))
+    assert isinstance(spec, TrainJob), f"{case} is not a training job"
     if len(sys.argv) > 6:
         torch.set_num_threads(int(sys.argv[6]))
     d = data.load(spec.data, data_dir)
     applied = switches.configure(device, spec.train)  # the service's own switches, for this spec and device
-    seconds, n = LOOPS[loop](spec, d, device, epochs)
-    print(json.dumps({"seconds": seconds, "samples": n, "numerics": numerics(applied)}))
+    # What a loop leaves alone stays as the tutorials have it.
+    applied.update(channels_last="off", compile="off")
+    seconds, n = LOOPS[loop](spec, d, device, epochs, applied)
+    model = nets.build_model(spec.model, d.input_shape, len(d.class_names))
+    print(json.dumps({"seconds": seconds, "samples": n, "numerics": numerics(applied),
+                      "model_switches": model_switches(applied), "precision": applied["precision"],
+                      "tf32": applied["tf32"] == "on", "device_name": flops.device_name(device),
+                      "flops_per_sample": flops.train_flops_per_sample(model, d.input_shape)}))
 
 
 def numerics(applied: dict) -> str:
@@ -146,6 +172,14 @@ def numerics(applied: dict) -> str:
 
 
 NUMERICS = ("tf32", "cudnn_benchmark", "deterministic", "precision")
+
+
+def model_switches(applied: dict) -> str:
+    """How the model runs, in one line (the service's job result holds the same `applied` keys)."""
+    return ", ".join(f"{key} {applied.get(key, '-')}" for key in MODEL_SWITCHES)
+
+
+MODEL_SWITCHES = ("channels_last", "compile", "optimizer")
 
 
 if __name__ == "__main__":

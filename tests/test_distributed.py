@@ -85,6 +85,7 @@ FITTING = {"accumulate_steps": 2, "grad_clip_norm": 0.5, "lr_schedule": {"name":
            "keep": "best", "early_stopping": {"metric": "val_accuracy", "patience": 2, "min_delta": 1.0}}
 
 
+@pytest.mark.slow  # 10-20 s of two ranks' real training per case: the full suite's
 @pytest.mark.parametrize("per_rank,val_fraction,fitting", [
     (16, 0.2, {}),   # 120 samples: three global batches of 32, then one of 24 (12 per rank)
     (52, 0.3, {}),   # 105 samples: a global batch of 104, then one sample: rank 1 has none and steps with scale 0
@@ -117,6 +118,7 @@ def test_two_ranks_with_batch_b_match_one_process_with_batch_2b(tmp_path, per_ra
     assert a[-1]["train_loss"] < a[0]["train_loss"]
 
 
+@pytest.mark.slow  # 10-20 s of two ranks' real training: the full suite's
 def test_a_stopped_two_rank_job_checkpoints_and_resumes_exactly(tmp_path):
     spec = {**tiny_job(epochs=30, lr=0.01, batch_size=8), "devices": 2}
     spec["model"] = {"arch": "mlp", "hidden": [32], "dropout": 0.2}  # dropout: each rank's RNG matters
@@ -169,6 +171,7 @@ def test_killing_rank_0_takes_the_other_ranks_with_it(tmp_path):
     assert all(gone(pid) for pid in pids)
 
 
+@pytest.mark.slow  # 10-20 s of two ranks' real training: the full suite's
 def test_ranks_meeting_at_rank_0s_address_take_the_same_steps_as_through_the_file_store(tmp_path):
     """The rendezvous of ranks on several hosts (torch's TCPStore at rank 0's address), here on one: the
     same collectives, so the same weights to the last bit."""
@@ -184,6 +187,7 @@ def test_ranks_meeting_at_rank_0s_address_take_the_same_steps_as_through_the_fil
         torch.testing.assert_close(w2[k], w1[k], rtol=0, atol=0)
 
 
+@pytest.mark.slow  # 10-20 s of two ranks' real training: the full suite's
 def test_a_job_split_over_two_job_processes_as_over_two_hosts_takes_the_same_steps(tmp_path):
     """Each host runs its own ranks in a job process of its own (local_ranks), meeting at rank 0's address:
     the same collectives as one process forking both ranks, so the same weights to the last bit; the other
@@ -205,6 +209,7 @@ def test_a_job_split_over_two_job_processes_as_over_two_hosts_takes_the_same_ste
         torch.testing.assert_close(w2[k], w1[k], rtol=0, atol=0)
 
 
+@pytest.mark.slow  # 10-20 s of two ranks' real training: the full suite's
 def test_a_host_whose_ranks_vanish_fails_the_others_as_infrastructure_not_at_the_collective_timeout(tmp_path):
     spec = {**tiny_job(epochs=10000, batch_size=8), "devices": 2, "hosts": 2}
     master = f"127.0.0.1:{free_port()}"

@@ -392,7 +392,8 @@ def env(tmp_path):
     # The venv's bin first: `trainyard` and `python` in the scripts are this project's.
     path = f"{Path(sys.executable).parent}{os.pathsep}{clean.get('PATH', '')}"
     return {**clean, **FAST_ENV, "PATH": path, "PYTHONUNBUFFERED": "1",
-            "TRAINYARD_DATA_DIR": str(tmp_path / "data"), "TRAINYARD_WORKER_PIDFILE": str(tmp_path / "workers.pid")}
+            "TRAINYARD_DATA_DIR": str(tmp_path / "data"), "TRAINYARD_WORKER_PIDFILE": str(tmp_path / "workers.pid"),
+            "TRAINYARD_WORKER_STATUS_DIR": str(tmp_path / "status")}
 
 
 class Logged(subprocess.Popen[bytes]):

@@ -3,6 +3,7 @@
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -38,10 +39,27 @@ def test_without_cuda_it_exits_2_with_a_table_that_says_why():
     assert r.returncode == 2, r.stdout + r.stderr
     table = rows(r.stdout)
     assert table.pop("probe: torch and CUDA")[0] == "passed"
-    assert len(table) == len(gpu_check.CHECKS) == 6
+    assert len(table) == len(gpu_check.CHECKS) == 10
     assert all(status == "skipped" and "no CUDA device here" in why for status, why in table.values()), table
-    assert "| torch | " in r.stdout and "0 of 6 checks run" in r.stdout
+    assert "| torch | " in r.stdout and "0 of 10 checks run" in r.stdout
     assert "exit status 2: nothing could run" in r.stdout
+    # Its last lines: what this host cannot prove, and why.
+    unproven = r.stdout.split("| not proven on this host | why |")[1]
+    for what in ("P2P and NVLink between GPUs", "a job across GPU hosts", "MIG instances", "the image"):
+        assert f"| {what}" in unproven, unproven
+
+
+def test_the_command_keeps_within_its_budget_skipping_what_it_has_no_time_for():
+    """A lent card's minutes are few: past the budget, a check is not started, and the table says so."""
+    t0 = time.monotonic()
+    r = gpu_check_run("--device", "cpu", "--only", "service,preempt", "--budget", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = rows(r.stdout)
+    for name in ("a training and a predict job on cpu (service)",
+                 "a running job on cpu preempted, requeued, resumed (service)"):
+        status, why = table[name]
+        assert status == "skipped" and why.startswith("out of time: ") and "budget of 1 s" in why, why
+    assert time.monotonic() - t0 < 120  # the probe only: no service was started
 
 
 @pytest.mark.slow
@@ -168,3 +186,87 @@ def test_the_loops_run_with_the_numerics_the_service_applies(tmp_path, device):
     assert printed == numerics(switches.configure(torch.device(device), spec.train))
     if device != "cpu":
         assert "tf32 on" in printed and "cudnn_benchmark on" in printed
+
+
+# -- the checks that go deeper on one card: rehearsed on the CPU (gloo for NCCL, no NVML) -----------------------
+
+DEEPER = {"nccl-one-card": "2 ranks on cpu (gloo, NCCL_HOSTID apart) vs 1 process at twice the batch",
+          "fused": "the fused optimizer: adam, adamw, sgd x fp32, bf16, fp16, clipped; a stopped job's resume "
+                   "(service)",
+          "eight-workers": "2 CPU workers for 8 on cpu, jobs stating their memory, one more held back (service)",
+          "preempt": "a running job on cpu preempted, requeued, resumed (service)"}
+
+
+@pytest.mark.slow
+def test_the_deeper_checks_run_here_on_the_cpu():
+    """The prepared run's new checks, each for real on the CPU: two gloo ranks as two job processes against one
+    process at twice the batch; nine fused-optimizer jobs and a resume after a worker's SIGTERM; workers sharing
+    a device budget with one more job held back; a preemption and its resume. Each row carries its figures."""
+    t0 = time.monotonic()
+    r = gpu_check_run("--device", "cpu", "--only", ",".join(DEEPER), timeout=1800)
+    print(r.stdout, f"\n{time.monotonic() - t0:.0f} s")
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = rows(r.stdout)
+    status, why = table[DEEPER["nccl-one-card"]]
+    apart = re.search(r"losses apart by (\S+), weights by (\S+) of their largest", why)
+    assert status == "passed" and apart and float(apart[1]) < 1e-4 and float(apart[2]) < 1e-4, why
+    status, why = table[DEEPER["fused"]]
+    assert status == "passed" and why.startswith("9 jobs (sgd, adam, adamw x fp32, bf16, fp16; clip 1.0) fused"), why
+    assert "attempts 1, runs 2" in why and "from the run without a stop" in why, why
+    status, why = table[DEEPER["eight-workers"]]
+    assert status == "passed" and "one more waited for memory beside an idle worker and started once" in why, why
+    assert why.endswith("NVML: n/a (no NVIDIA driver)"), why
+    status, why = table[DEEPER["preempt"]]
+    assert status == "passed" and "requeued with attempt 0, runs 1" in why and "epochs done, step" in why, why
+
+
+@pytest.mark.slow
+def test_two_ranks_that_do_not_take_the_same_steps_fail_the_nccl_check(tmp_path, monkeypatch):
+    """The check compares: two ranks that accumulate no batches, against one process that accumulates two, take
+    other steps, and the check fails naming how far apart they ended."""
+    from trainyard.app.cli import gpu_depth
+    real = gpu_depth.ranks_specs
+
+    def unlike(device):
+        one, two = real(device)
+        return one, {**two, "train": {**two["train"], "accumulate_steps": 1}}
+
+    monkeypatch.setattr(gpu_depth, "ranks_specs", unlike)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    passed, line = gpu_depth.nccl_one_card("cpu")
+    assert not passed and line.startswith("not the same steps: 2 ranks on cpu"), line
+    weights = float(re.search(r"weights by (\S+) of", line)[1])
+    assert weights > gpu_depth.RANKS_TOL, line
+
+
+def test_the_fused_check_fails_a_loss_that_is_not_finite_or_an_optimizer_that_is_not_fused():
+    from trainyard.app.cli.gpu_depth import fused_problems
+    fine = {"applied": {"optimizer": "fused", "precision": "bf16"}, "train_loss": 2.3, "val_loss": 2.2}
+    assert fused_problems({("adam", "bf16"): fine}, cuda=True) == []
+    assert fused_problems({("adam", "bf16"): {**fine, "train_loss": float("nan")}}, cuda=True) == \
+        ["adam/bf16 train_loss nan"]
+    assert fused_problems({("sgd", "bf16"): {**fine, "applied": {"optimizer": "per-tensor", "precision": "bf16"}}},
+                          cuda=True) == ["sgd/bf16 ran with the per-tensor optimizer"]
+    cpu_fp16 = {**fine, "applied": {"optimizer": "fused", "precision": "fp32"}}  # the CPU's documented fallback
+    assert fused_problems({("adamw", "fp16"): cpu_fp16}, cuda=False) == []
+    assert fused_problems({("adamw", "fp16"): cpu_fp16}, cuda=True) == ["adamw/fp16 ran in fp32"]
+
+
+def test_a_gpu_process_is_matched_to_the_worker_it_descends_from(tmp_path):
+    """NVML lists job processes by pid; the eight-workers check finds each one's worker by its parents in /proc:
+    here a real process tree, a worker stand-in whose child starts a grandchild."""
+    from trainyard.app.cli.gpu_share import worker_of
+    pidfile = tmp_path / "pid"
+    parent = subprocess.Popen(["sh", "-c", f"sleep 30 & echo $! > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; wait"],
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not pidfile.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        child = int(pidfile.read_text())
+        assert worker_of(child, {parent.pid}) == parent.pid
+        assert worker_of(child, {parent.pid + 100_000}) is None
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)  # the sleep too
+        parent.wait()

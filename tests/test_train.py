@@ -261,6 +261,23 @@ def test_compile_warms_up_the_training_graph_and_leaves_no_trace():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
+def test_compile_warms_up_under_the_jobs_autocast():
+    # A bf16 job's training forward runs under autocast: a warm-up outside it compiled an fp32 graph that
+    # training never ran, and training compiled again (outside the eager fallback's guard).
+    import torch._dynamo
+    torch._dynamo.reset()
+    net, x = _BnDropNet(), torch.randn(16, 1, 8, 8)
+    applied = {"notes": []}
+    bf16 = lambda: torch_devices.autocast(torch.device("cpu"), "bf16")  # noqa: E731
+    compiled = torch_devices.compile_model(net, True, x, applied, bf16)
+    assert applied["compile"] == "on", applied
+    with torch._dynamo.config.patch(error_on_recompile=True), bf16():
+        compiled.train()
+        compiled(x).float().sum().backward()  # the warm-up's graph: no recompile
+    torch._dynamo.reset()
+
+
 def test_bf16_needs_compute_capability_8():
     # Recorded (capability, name) of real cards: torch.cuda.is_bf16_supported() says True on a V100 or a T4
     # (emulated, slower than fp32); bf16 runs there in fp32 and says why.

@@ -35,8 +35,9 @@ from trainyard.app.states import Failure, error_record
 from trainyard.worker.errors import RankMessageRefused, RendezvousFailed
 
 PR_SET_PDEATHSIG = 1
-# Collectives wait this long for a missing rank; a rank that dies is noticed at once by rank 0's watch.
-TIMEOUT = timedelta(minutes=10)
+# Collectives wait this long for a missing rank (TRAINYARD_COLLECTIVE_TIMEOUT_S, read once); a rank that dies is
+# noticed at once by rank 0's watch, and rank 0's solo work is waited for by the store (worker/leader_wait.py).
+TIMEOUT = timedelta(seconds=float(os.environ.get("TRAINYARD_COLLECTIVE_TIMEOUT_S") or 600))
 # Ranks meeting at rank 0's address wait this long for each other: an address that cannot be reached fails
 # the run then (RendezvousFailed), not at the collectives' timeout.
 RENDEZVOUS_S = 60.0
@@ -62,14 +63,16 @@ class World:
 
 
 class RankWatch:
-    """Rank 0's view of the other ranks: forwards rank 0's events, and turns a rank's failure into the
-    job's error event before ending the job process."""
+    """Rank 0's view of the other ranks: forwards rank 0's events, and turns a rank's failure into the job's
+    error event (naming the rank: "rank") before ending the job process. A rank's broken link (RankLost from its
+    collective) waits REASON_WAIT_S for another rank's own failure, its cause, which then is the job's error."""
 
     def __init__(self, emit: Callable[[dict], None]):
         self._emit = emit
         self._lock = threading.Lock()
         self._ended = False
         self._rank_failed = threading.Event()
+        self._cause = threading.Event()  # a rank failed of its own cause, not of a broken link
 
     def emit(self, event: dict) -> None:
         if event.get("type") == "error" and self._rank_failed.wait(REASON_WAIT_S):
@@ -92,15 +95,18 @@ class RankWatch:
         if code == 0:
             return
         self._rank_failed.set()
-        if sent:
-            error = json.loads(sent)
-        else:
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-            error = error_record(Failure.INFRASTRUCTURE, "RankLost", f"rank {rank} (pid {pid}) {how}")
+        # Dead without a word (a signal: SIGKILL, or SIGABRT from NCCL's watchdog when the communicator broke).
+        how = f"was killed by signal {-code} ({signal.strsignal(-code)})" if code < 0 else f"exited with status {code}"
+        error = json.loads(sent) if sent else error_record(Failure.INFRASTRUCTURE, "RankLost", f"pid {pid} {how}")
+        if not (sent and error.get("type") == "RankLost"):
+            self._cause.set()
+        elif self._cause.wait(REASON_WAIT_S):
+            return  # the rank that broke the link reports, and ends the job process
         with self._lock:
             if not self._ended:
                 self._ended = True
-                self._emit({"type": "error", "error": {**error, "message": f"rank {rank}: {error['message']}"}})
+                self._emit({"type": "error", "error": {**error, "rank": rank,
+                                                       "message": f"rank {rank}: {error['message']}"}})
         os._exit(1)
 
 
@@ -167,14 +173,6 @@ def interface_of(addr: str) -> str | None:
             if got == wanted:
                 return name
     return None
-
-
-def is_broken_link(exc: BaseException) -> bool:
-    """The error a collective or the store raises when another rank's process, or its host, went away."""
-    text = str(exc)
-    return isinstance(exc, dist.DistError) or isinstance(exc, RuntimeError) and any(
-        s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                            "Socket Timeout", "Timed out", "gloo/transport"))
 
 
 def _rank_emit(fd: int) -> Callable[[dict], None]:

@@ -20,10 +20,11 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy.engine import Engine
 
 from trainyard.app import job_reads, queue
+from trainyard.app import workers as registry
 from trainyard.app.records import Job
 from trainyard.app.settings import Settings
 from trainyard.app.states import DEVICE_FAILURE, Failure, error_record
-from trainyard.worker import memory, reaper
+from trainyard.worker import broken_links, gpu_release, memory, reaper
 from trainyard.worker.joblog import JobOutput
 from trainyard.worker.plan import JobPlan
 
@@ -36,6 +37,7 @@ KILL_GRACE_S = 1.0
 
 class WorkerLink(Protocol):
     """What the supervision of a job needs of its worker (worker/main.py's Worker), and nothing more."""
+    id: str
     settings: Settings
     engine: Engine
     stopping: bool  # the worker is shutting down
@@ -72,6 +74,8 @@ class JobRun:
     summed_up: bool = False             # the closing log lines are written
     last_read: float = 0.0              # when the pipe last had events
     publish: bool = True                # copy the log to a bucket store (not the log of another host's ranks)
+    pids: set[int] = field(default_factory=set)  # the job's processes seen besides its own (a CUDA job's tree)
+    ended_at: float | None = None       # when its supervisor saw the job process end
 
     def __post_init__(self, output: Connection | None) -> None:
         self.checkpoint = str(self.plan.resume_from) if self.plan.resume_from else None
@@ -94,10 +98,51 @@ class JobRun:
 
     def end_processes(self) -> None:
         """Once the job process is gone: end whatever it started that outlived it (adopted by the fork
-        server: the job process was killed outright), then copy the last of their output."""
+        server: the job process was killed outright), copy the last of their output, and on a GPU wait for
+        the driver to free the memory of them all before the worker claims again (worker/gpu_release.py)."""
+        if self.ended_at is None:
+            self.ended_at = time.monotonic()
+        on_gpu = gpu_release.job_gpus(self.plan)
+        if on_gpu and self.fork_server is not None:
+            self.pids.update(reaper.descendants(self.fork_server))  # the orphans of a job process killed outright
         if self.fork_server is not None and reaper.end_descendants(self.fork_server):
             log.warning("job %s: processes of the job outlived it (still ending)", self.job.id)
         self.out.close()
+        if on_gpu and not self.worker.stopping:  # a stopping worker claims nothing more
+            self.wait_for_gpu_memory(on_gpu)
+
+    def wait_for_gpu_memory(self, gpus: list[str]) -> None:
+        """Until NVML lists none of the job's processes on its GPUs (their CUDA contexts freed), heartbeating,
+        at most TRAINYARD_GPU_RELEASE_WAIT_S; the job's log says how long it took."""
+        limit = self.worker.settings.gpu_release_wait_s
+        release = gpu_release.wait_for_release(
+            {self.proc.pid, *self.pids}, lambda: gpu_release.read_nvml(gpus), limit,
+            tick=self._beat_while_freeing) if limit > 0 else None
+        if release is None:  # no NVML here (or no wait asked for): nothing known to wait for
+            return
+        after = time.monotonic() - (self.ended_at or time.monotonic())
+        if release.freed:
+            self.log(f"device memory freed {after:.1f} s after the job process ended")
+        else:
+            log.warning("job %s: NVML still lists its processes %.1f s after the job process ended (%s); the "
+                        "worker claims again anyway (TRAINYARD_GPU_RELEASE_WAIT_S=%g)", self.job.id, after,
+                        release.describe(), limit)
+            self.log(f"device memory not freed {after:.1f} s after the job process ended: NVML still lists "
+                     f"{release.describe()}")
+
+    def _beat_while_freeing(self) -> None:
+        """The worker's heartbeat while it waits (busy, with no job: it claims nothing meanwhile); a database
+        away for the moment costs a beat, not the wait."""
+        try:
+            self.worker.housekeeping(state="busy", job_id=None)
+        except Exception as exc:
+            log.warning("job %s: heartbeat while its GPU memory is freed failed: %s", self.job.id, exc)
+
+    def note_processes(self) -> None:
+        """Remember the job process's tree before it is stopped (a CUDA job's: each may hold a CUDA context on
+        its GPUs, which end_processes waits for to be freed after they are gone)."""
+        if gpu_release.job_gpus(self.plan) and self.proc.is_alive():
+            self.pids.update(reaper.descendants(self.proc.pid))
 
     def sum_up(self) -> None:
         """The job's closing log lines, written before its end is recorded: a client that sees the job
@@ -158,11 +203,15 @@ class JobRun:
 
     def kill(self) -> None:
         if self.proc.is_alive():
+            self.note_processes()
             self.proc.kill()
         self.proc.join(timeout=5)
+        if self.ended_at is None and not self.proc.is_alive():
+            self.ended_at = time.monotonic()
 
     def stop_now(self) -> None:
         if self.proc.is_alive():
+            self.note_processes()
             os.kill(self.proc.pid, signal.SIGTERM)
             self.proc.join(timeout=KILL_GRACE_S)
         self.kill()
@@ -197,9 +246,23 @@ class JobRun:
                 if self.watch else ""
             return self.fail(error_record(Failure.OOM, "KilledByKernel", "the job process was killed (SIGKILL) "
                                           f"without its worker asking, most likely out of host memory{seen}"))
+        watchdog = code == -signal.SIGABRT and len(self.plan.ranks) > 1
+        if watchdog and broken_links.aborted_by_watchdog(self.output_tail()):
+            return self.fail(error_record(Failure.INFRASTRUCTURE, "RankLost", "the job process (rank 0) was aborted by "
+                                          "NCCL's watchdog: a rank or its link went away (its log says which)"))
         how = f"died of signal {signal.Signals(-code).name}" if code is not None and code < 0 \
             else f"exited with code {code}"
         self.fail(error_record(Failure.CRASHED, "JobProcessDied", f"the job process {how} without reporting a result"))
+
+    def output_tail(self, size: int = 16384) -> str:
+        """The last `size` bytes of the job's log, its process's last words included."""
+        self.out.flush()
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def stopped(self) -> None:
         """The job process was stopped (it checkpointed first if it could): why decides what follows (a shutdown
@@ -218,8 +281,20 @@ class JobRun:
 
     def fail(self, error: dict) -> None:
         self.log(f"{error['type']}: {error['message']}")
-        if error.get("type") == DEVICE_FAILURE and not error.get("rank"):  # its own device, not a lent one
-            self.worker.mark_unavailable(f"{error['message']} (under job {self.job.id}); restart the worker "
-                                         "once the device works again")
+        if error.get("type") == DEVICE_FAILURE:
+            self.out_of_service(error)
         self.sum_up()
         self.outcome = self.db(queue.fail, error) or "lost"
+
+    def out_of_service(self, error: dict) -> None:
+        """The worker whose device failed takes no more jobs: this one (its own device: rank 0, or the first of
+        this host's ranks), or the one that lent the failed rank its device (registry.quarantine)."""
+        why = f"{error['message']} (under job {self.job.id}); restart the worker once the device works again"
+        owner = registry.device_owner(self.job.ranks, error.get("rank"))
+        if owner is None or owner == self.worker.id:
+            self.worker.mark_unavailable(why)
+        elif self.worker.db(registry.quarantine, owner, why):
+            self.log(f"worker {owner}, whose device rank {error['rank']} used, is out of service")
+        else:
+            log.warning("job %s: worker %s, whose device failed, is no longer live to take out of service",
+                        self.job.id, owner)

@@ -17,7 +17,7 @@ class JobPlan:
     run_dir: Path                    # this run's artifact (train) or result (predict)
     checkpoint_stem: Path            # this run's checkpoints are files beside it
     resume_from: Path | None = None  # the checkpoint the database points at
-    threads: int | None = None       # torch threads (CPU jobs: the host's cores shared among its workers)
+    threads: int | None = None       # torch threads: the host's cores shared among its workers (prepare.job_threads)
     memory_budget: int | None = None  # host bytes the job process may add (enforced on CPU jobs)
     gpu_memory_fraction: float | None = None
     model_dir: Path | None = None    # predict: the model job's artifact; train: init_from's

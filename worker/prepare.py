@@ -43,11 +43,19 @@ def plan_job(job: Job, settings: Settings, device: str, db: Callable[..., Any], 
         master=spread.master(job.ranks), node_addr=settings.node_addr or "",
         local_ranks=spread.ranks_on(job.ranks, settings.node) if (job.hosts or 1) > 1 else (),
         resume_from=layout.resolve(job.checkpoint_path) if job.checkpoint_path else None,
-        threads=max(1, usable_cores() // max(1, len(here["cpu"]))) if device == "cpu" else None,
+        threads=job_threads(device, here),
         memory_budget=memory.budget(settings.job_memory_bytes, settings.job_memory_share,
                                     memory.host_total(), len(here["all"])),
         gpu_memory_fraction=gpu_memory_fraction, model_dir=model_dir, model_spec=model_spec,
         scratch_dir=scratch(settings, job))
+
+
+def job_threads(device: str, here: dict[str, list]) -> int:
+    """A job's torch threads: the cores this worker may use, shared among the host's workers. A CPU job shares
+    them with the CPU workers' jobs; a CUDA job's host side (data loading, CPU ops, the optimizer where it runs
+    there) with every live worker's: left to torch, each of eight GPU workers' jobs takes every core."""
+    sharing = here["cpu"] if device == "cpu" else here["all"]
+    return max(1, usable_cores() // max(1, len(sharing)))
 
 
 def usable_cores() -> int:

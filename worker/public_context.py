@@ -15,7 +15,8 @@
 With `"devices": N` the program runs once per device, in N processes of one host with torch.distributed
 set up (ctx.rank, ctx.world_size): wrap the model with ctx.parallel(model), train each rank on its own
 shard of the data, and call should_stop() at the same points on every rank (the ranks vote: a stop
-reaches rank 0 first). Only rank 0's reports, checkpoints and model are kept.
+reaches rank 0 first). Only rank 0's reports, checkpoints and model are kept; the other ranks that call
+checkpoint() or save_model() return once rank 0's is written (worker/leader_wait.py).
 
 The same program runs outside trainyard with Context.local(), which keeps everything in memory
 and a temporary directory: handy for a first try, and what bench/run_overhead.py measures against.
@@ -34,6 +35,7 @@ from trainyard.app.spec import MAX_META_FILE_BYTES, MAX_METRIC_KEYS, MAX_METRIC_
 from trainyard.worker import artifacts, distributed, nets, torch_devices
 from trainyard.worker.errors import JobError
 from trainyard.worker.job_context import JobContext
+from trainyard.worker.leader_wait import leader_alone
 
 # Types a checkpoint may hold: restore() loads it with torch.load(weights_only=True), nothing unpickled.
 _PLAIN = (torch.Tensor, int, float, bool, str, bytes, type(None), torch.Size, torch.dtype, torch.device)
@@ -128,10 +130,12 @@ class Context:
         """Save state (tensors and plain data: numbers, strings, lists, dicts) atomically. A resumed run
         gets the latest back from restore(); epochs reported after it are run and reported again."""
         _check_plain(state, "state")
-        if self.rank > 0:  # rank 0's is the job's
-            return
-        self._checkpoints += 1
-        self._job.save_checkpoint(self._last_epoch, self._checkpoints, state)
+        # Rank 0's is the job's; the other ranks wait for it by the store (not in the next collective, which
+        # would time out behind a slow upload) when they call this too.
+        with leader_alone(self._job.world, "checkpoint"):
+            if self.rank == 0:
+                self._checkpoints += 1
+                self._job.save_checkpoint(self._last_epoch, self._checkpoints, state)
 
     def restore(self) -> dict[str, Any] | None:
         """The latest checkpoint of an earlier run of this job, loaded onto ctx.device; None if there is none."""
@@ -144,8 +148,11 @@ class Context:
         a train job's. With arch (built-in or a model plugin, plus its params or fields), input_shape and
         class_names (or num_classes), predict jobs rebuild it; name `dataset` (a built-in's scaling) or
         `pixels` (0..255 images) for raw inputs to be scaled like its training data."""
-        if self.rank > 0:
-            return
+        with leader_alone(self._job.world, "save_model"):  # as checkpoint(): the other ranks wait by the store
+            if self.rank == 0:
+                self._save_model(model, meta)
+
+    def _save_model(self, model: nn.Module | dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         if isinstance(model, nn.parallel.DistributedDataParallel):
             model = model.module
         extra = {k: v for k, v in meta.items() if k not in _MODEL_KEYS}

@@ -30,7 +30,7 @@ from trainyard.app.errors import Unavailable
 from trainyard.app.layout import Layout
 from trainyard.app.spec import PredictJob, RunJob, TrainJob, parse_spec
 from trainyard.app.states import DEVICE_FAILURE, Failure, error_record
-from trainyard.worker import distributed, entrypoints, infer, memory, reaper, torch_devices, train
+from trainyard.worker import broken_links, distributed, entrypoints, infer, memory, reaper, torch_devices, train
 from trainyard.worker.errors import JobError, Preempted, RendezvousFailed
 from trainyard.worker.job_context import JobContext
 from trainyard.worker.plan import JobPlan
@@ -102,7 +102,7 @@ def execute(plan: JobPlan, emit: Callable[[dict], None], own_process: bool = Fal
         emit({"type": "done", "result": result})
     except Exception as exc:
         ending = _ending(exc, plan, where)
-        if ending.get("error", {}).get("type") == "RankLost":
+        if plan.master and ending.get("error", {}).get("type") == "RankLost":
             # Another host's ranks broke the collective: their worker records why, if they can, meanwhile.
             time.sleep(distributed.REASON_WAIT_S)
         emit(ending)
@@ -151,11 +151,13 @@ def _ending(exc: Exception, plan: JobPlan, where: _Placement) -> dict:
         return {"type": "error", "error": _error(Failure.OOM, exc, message)}
     if isinstance(exc, Unavailable | RendezvousFailed):  # the store or the ranks' network: retried
         return {"type": "error", "error": _error(Failure.INFRASTRUCTURE, exc)}
-    if plan.master and where.world.size > 1 and distributed.is_broken_link(exc):  # a host's ranks went away
+    if where.world.size > 1 and broken_links.is_broken_link(exc):  # the run's, on one host as across hosts
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        message = (f"rank {where.world.rank} lost its link to the job's other ranks (a host's ranks or its network "
-                   f"went away): {type(exc).__name__}: {first}")
-        return {"type": "error", "error": _error(Failure.INFRASTRUCTURE, exc, message) | {"type": "RankLost"}}
+        gone = "a host's ranks or its network" if plan.master else "another rank's process or its link"
+        message = (f"rank {where.world.rank} lost its link to the job's other ranks ({gone} went away): "
+                   f"{type(exc).__name__}: {first}")
+        error = _error(Failure.INFRASTRUCTURE, exc, message)
+        return {"type": "error", "error": {**error, "type": "RankLost", "rank": where.world.rank}}
     # JobError, or an exception in training: the job's own error, not retried
     if torch_devices.is_device_failure(exc):  # the device's, not the job's: retried on another worker
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]

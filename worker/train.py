@@ -34,6 +34,7 @@ from trainyard.app.spec import TrainJob
 from trainyard.worker import distributed
 from trainyard.worker.errors import JobError
 from trainyard.worker.job_context import JobContext
+from trainyard.worker.leader_wait import leader_alone
 from trainyard.worker.train_checkpoint import Start, checkpoint, preempt, resume
 from trainyard.worker.train_report import Report, summary
 from trainyard.worker.train_setup import Run, build
@@ -54,7 +55,8 @@ def train(spec: TrainJob, ctx: JobContext) -> dict[str, Any]:
     for epoch in range(at.epoch, p.epochs):  # 0-based here, 1-based in events and logs
         started = time.perf_counter() - (at.partial or {}).get("seconds", 0.0)
         train_loss, seen, train_seconds = train_epoch(run, ctx, epoch, at)
-        stop = run.world.leader and report.epoch(epoch, train_loss, seen, train_seconds, started)
+        with leader_alone(run.world, "epoch"):  # rank 0 evaluates: the others wait by the store, not in agree()
+            stop = run.world.leader and report.epoch(epoch, train_loss, seen, train_seconds, started)
         # None after the last epoch (the artifact is written instead); every rank hands it its random state.
         due = bool(p.checkpoint_every) and (epoch + 1) % p.checkpoint_every == 0 and epoch + 1 < p.epochs \
             and time.monotonic() - saved_at >= p.checkpoint_every_s

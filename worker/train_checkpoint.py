@@ -10,6 +10,7 @@ import torch
 from trainyard.worker import artifacts, distributed, torch_devices
 from trainyard.worker.errors import Preempted, RankMessageRefused
 from trainyard.worker.job_context import JobContext
+from trainyard.worker.leader_wait import leader_alone
 from trainyard.worker.train_setup import Run
 
 
@@ -75,9 +76,17 @@ def checkpoint(run: Run, ctx: JobContext, epoch: int, step: int, shuffle_state: 
     every rank calls this at the same point and rank 0 writes it, with each rank's random state."""
     rng = {"torch_rng": torch.get_rng_state(), "cuda_rng": torch_devices.cuda_rng_state(ctx.device)}
     sent = distributed.gather({k: _text(v) for k, v in rng.items()}, run.world)
-    if sent is None:  # not rank 0: it has handed rank 0 its random state
-        return
-    ranks_rng = _rank_states(sent)
+    # Writing and uploading it may take long: the other ranks, their random states handed over, wait by the
+    # store, not in the next step's all-reduce, which would time out.
+    with leader_alone(run.world, "checkpoint"):
+        if sent is not None:
+            _write(run, ctx, epoch, step, rng, _rank_states(sent), shuffle_state, partial)
+
+
+def _write(run: Run, ctx: JobContext, epoch: int, step: int, rng: dict[str, torch.Tensor | None],
+           ranks_rng: list[dict[str, torch.Tensor | None]], shuffle_state: torch.Tensor,
+           partial: dict[str, Any] | None) -> None:
+    """Rank 0: the checkpoint's state, written and published."""
     state = {
         "epoch": epoch, "step": step,
         "model": run.model.state_dict(), "optimizer": run.optimizer.state_dict(),

@@ -131,7 +131,8 @@ def build(spec: TrainJob, ctx: JobContext) -> Run:
     # The warm-up compiles what training runs: a batch of its size (BatchNorm wants two samples at least)
     # on the device and in the memory format of the training batches.
     example = torch_devices.warm_up_batch(d.x_train[:max(2, p.batch_size)], device, channels_last)
-    forward = torch_devices.compile_model(net, p.compile, example, applied)
+    forward = torch_devices.compile_model(net, p.compile, example, applied,
+                                          lambda: torch_devices.autocast(device, applied["precision"]))
     run = Run(params=p, device=device, data=d, model=model, forward=forward, optimizer=optimizer,
               scaler=torch_devices.grad_scaler(device, applied["precision"]),
               criterion=nn.CrossEntropyLoss(label_smoothing=p.label_smoothing),

@@ -36,6 +36,37 @@ def rate(j: dict) -> float:
     return j["result"]["samples_per_s"] or 0.0
 
 
+def started(devices: list[str], env: dict | None = None, worker_env: dict | None = None) -> Service:
+    """A service of its own in this check's folder (gpu-check's TMPDIR), a worker on each of devices, all
+    registered. The caller stops it."""
+    svc = Service.isolated(Path(tempfile.mkdtemp(prefix="service-")) / "data", env=env)
+    try:
+        svc.start_server()
+        for d in devices:
+            svc.start_worker(d, wait=False, env=worker_env)
+        svc.wait_until(lambda: len(svc.client().get("/workers").json()) == len(devices), 180, "workers")
+    except BaseException:
+        svc.stop()
+        raise
+    return svc
+
+
+def artifact(svc: Service, job_id: int) -> dict:
+    """A succeeded train job's weights, by name."""
+    from safetensors.torch import load
+    with svc.client() as c:
+        return load(c.get(f"/jobs/{job_id}/artifact").content)
+
+
+def weights_apart(w1: dict, w2: dict) -> float:
+    """How far apart two state dicts are: the largest difference of any weight over the largest weight
+    (inf when their names differ)."""
+    if w1.keys() != w2.keys():
+        return float("inf")
+    scale = max(w.abs().max().item() for w in w1.values()) or 1.0
+    return max((w1[k].float() - w2[k].float()).abs().max().item() for k in w1) / scale
+
+
 def probe() -> tuple[bool, str]:
     import torch  # this process only: the command stays torch-free, and a hung CUDA init hangs only this
 
@@ -77,12 +108,8 @@ def cuda_tests(device: str, *files: str) -> tuple[bool, str]:
 
 def service_job(*devices: str) -> tuple[bool, str]:
     """One training job per device, at once, each on its own worker; then a predict job on the first."""
-    svc = Service.isolated(Path(tempfile.mkdtemp(prefix="service-")) / "data")
+    svc = started(list(devices))
     try:
-        svc.start_server()
-        for d in devices:
-            svc.start_worker(d, wait=False)
-        svc.wait_until(lambda: len(svc.client().get("/workers").json()) == len(devices), 180, "workers")
         t0 = time.monotonic()
         ids = [svc.submit(job(d))["id"] for d in devices]
         jobs = [svc.wait_state(i, timeout=3600) for i in ids]
@@ -114,13 +141,9 @@ def service_job(*devices: str) -> tuple[bool, str]:
 def two_device_job(*devices: str) -> tuple[bool, str]:
     """The same job on one device and on two (DDP, half the per-device batch: the same steps), through
     the service on two workers; both must succeed, the second on two distinct devices."""
-    svc = Service.isolated(Path(tempfile.mkdtemp(prefix="service-")) / "data")
     kind = "cpu" if devices[0] == "cpu" else "cuda"
+    svc = started(list(devices))
     try:
-        svc.start_server()
-        for d in devices:
-            svc.start_worker(d, wait=False)
-        svc.wait_until(lambda: len(svc.client().get("/workers").json()) == len(devices), 180, "workers")
         half = {**JOB["train"], "batch_size": JOB["train"]["batch_size"] // 2}
         one = svc.wait_state(svc.submit(job(kind))["id"], timeout=3600)
         two = svc.wait_state(svc.submit(job(kind, devices=2, train=half))["id"], timeout=3600)
@@ -144,8 +167,6 @@ def two_host_job(*devices: str) -> tuple[bool, str]:
     machines, not through shared memory), gloo on the CPU. The hosts share the server's SQLite database and
     data directory, as hosts share PostgreSQL and a bucket. Both must succeed, the second with a rank on each
     host, and end with the same weights within float tolerance (cuDNN's kernels need not be deterministic)."""
-    from safetensors.torch import load
-
     from bench import netns
     svc = Service.isolated(Path(tempfile.mkdtemp(prefix="service-")) / "data")
     kind = "cpu" if devices[0] == "cpu" else "cuda"
@@ -167,10 +188,7 @@ def two_host_job(*devices: str) -> tuple[bool, str]:
         hosts = [r.get("host") for r in two["ranks"] or []]
         if set(hosts) != names:
             return False, f"the 2-host job's ranks ran on hosts {hosts}, not one on each of {sorted(names)}"
-        with svc.client() as c:
-            w1, w2 = (load(c.get(f"/jobs/{j['id']}/artifact").content) for j in (one, two))
-        scale = max(w.abs().max().item() for w in w1.values())
-        diff = max((w1[k].float() - w2[k].float()).abs().max().item() for k in w1) / scale
+        diff = weights_apart(artifact(svc, one["id"]), artifact(svc, two["id"]))
         where = ", ".join(f"{r['device']}@{r['host']}" for r in two["ranks"])
         line = (f"ranks on {where}: "
                 f"{rate(two):,.0f} samples/s; one host: {rate(one):,.0f} samples/s "
@@ -181,24 +199,42 @@ def two_host_job(*devices: str) -> tuple[bool, str]:
 
 
 def throughput(device: str) -> tuple[bool, str]:
-    r = subprocess.run([sys.executable, "-m", "bench.train_throughput", "--quick", "--device", device],
+    """bench.train_throughput --quick: the service against the hand-written loops. On a GPU, where the bench has
+    them, the image cases (ResNet-18, bf16, channels_last, eager and compiled) and cifar_net at batch 64 only: the
+    launch-bound small cases have been measured on every card before, and a lent card's minutes are few."""
+    cases = []
+    if device != "cpu":
+        try:
+            from bench.cases import GROUPS
+            cases = ["--cases", ",".join(["cifar_net-b64", *GROUPS["image"]])]
+        except (ImportError, KeyError):  # a bench/ from before the image cases: its default cases
+            pass
+    r = subprocess.run([sys.executable, "-m", "bench.train_throughput", "--quick", "--device", device, *cases],
                        capture_output=True, text=True)
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and "x |" in line]
     if r.returncode != 0 or not rows:
         return False, (r.stderr.strip().splitlines() or ["no table"])[-1]
-    ratios = [f"{cells[0]} vs {cells[2]}: {cells[4]}" for cells in
-              ([c.strip() for c in row.strip("|").split("|")] for row in rows)]
-    return True, "service / hand-written loop, samples/s: " + "; ".join(ratios)
+    parts = []
+    for cells in ([c.strip() for c in row.strip("|").split("|")] for row in rows):
+        # Columns 0-4: case, service samples/s, yardstick, its samples/s, the ratio; MFU last, where the bench has it.
+        mfu = f", MFU {cells[-2]} vs {cells[-1]}" if len(cells) >= 12 and cells[-2] not in ("-", "n/a") else ""
+        parts.append(f"{cells[0]} vs {cells[2]}: {cells[4]} ({cells[1]} vs {cells[3]} samples/s{mfu})")
+    return True, "service / hand-written loop: " + "; ".join(parts)
 
 
 STEPS: dict[str, Callable[..., tuple[bool, str]]] = {
     "probe": probe, "cuda-tests": cuda_tests, "service": service_job, "ddp": two_device_job, "hosts": two_host_job,
     "throughput": throughput}
 
-if __name__ == "__main__":
+def main(steps: dict[str, Callable[..., tuple[bool, str]]]) -> None:
+    """`python -m MODULE CHECK ARGS`: run one of steps, print its line last, exit 0 when it passed."""
     try:
-        passed, line = STEPS[sys.argv[1]](*sys.argv[2:])
+        passed, line = steps[sys.argv[1]](*sys.argv[2:])
     except Exception as exc:  # a check that cannot finish is a failed check, with its reason on one line
         passed, line = False, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
     print(line)
     sys.exit(0 if passed else 1)
+
+
+if __name__ == "__main__":
+    main(STEPS)

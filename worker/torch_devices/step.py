@@ -1,7 +1,8 @@
 """How a training step runs: compiled (or eager when torch.compile fails, saying why), on one CPU thread
 when it is too small to share, warmed up on a batch shaped as training hands it to the model.
 """
-from contextlib import nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
 import torch
@@ -53,12 +54,15 @@ def warm_up_batch(x: torch.Tensor, device: torch.device, channels_last: bool) ->
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
-def compile_model(model: nn.Module, wanted: bool, example: torch.Tensor, applied: dict[str, Any]) -> nn.Module:
+def compile_model(model: nn.Module, wanted: bool, example: torch.Tensor, applied: dict[str, Any],
+                  autocast: Callable[[], AbstractContextManager] = nullcontext) -> nn.Module:
     """torch.compile the model, or return it unchanged (eager) if compiling fails, saying why.
 
     Compilation is lazy, so one forward on `example` (warm_up_batch()) forces it here, where a missing
     toolchain can still be turned into a fallback rather than a failed job. The forward runs as
-    training will (train mode, autograd on), so the graph compiled here is the one training uses; it
+    training will (train mode, autograd on, under the job's autocast), so the graph compiled here is the
+    one training uses (a warm-up outside autocast would compile an fp32 graph that a bf16 or fp16 job never
+    runs, and training would compile again, unguarded by the fallback below); it
     leaves no trace: BatchNorm's running statistics and the random streams (dropout) are put back, so
     a compiled run draws what an eager one does. applied["compile"]: "on" (the compiled warm-up ran),
     "off" (not asked) or "fell back to eager" (with the reason in applied["compile_error"]).
@@ -74,7 +78,8 @@ def compile_model(model: nn.Module, wanted: bool, example: torch.Tensor, applied
         compiled = cast(nn.Module, torch.compile(model))
         model.train()
         # DDP: no gradient sync is prepared for a backward that never comes.
-        with (model.no_sync() if isinstance(model, nn.parallel.DistributedDataParallel) else nullcontext()):
+        with (model.no_sync() if isinstance(model, nn.parallel.DistributedDataParallel) else nullcontext()), \
+                autocast():
             compiled(example)
     except Exception as e:
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
