@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import tiny_job
+from tests.gpu_readings import MIG_CARD
 from tests.service import ROOT, Service
 from tests.test_runner import job_record
 from trainyard.app import gpu_order
@@ -108,16 +109,7 @@ def test_a_hung_worker_and_an_unavailable_one_are_unhealthy(tmp_path):
 H100 = {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-9a1b2c3d-0000-1111-2222-333333333333",
         "compute_capability": "9.0", "memory_total": 85_520_809_984, "memory_used": 553_648_128,
         "memory_free": 84_967_161_856, "utilization_gpu": 0}
-# An A100 40GB in MIG mode with two 3g.20gb instances, as NVML reads it (the card, then each instance's handle).
-A100_MIG: dict[str, Any] = {"name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-5c4c7d1e-1111-2222-3333-444444444444",
-            "compute_capability": "8.0", "memory_total": 42_949_672_960, "memory_used": 1_300_234_240,
-            "memory_free": 41_649_438_720, "utilization_gpu": None,
-            "mig": [{"mig_index": 0, "name": "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
-                     "uuid": "MIG-0e6f2e6a-aaaa-5c5b-9d8e-111111111111", "memory_total": 20_937_965_568,
-                     "memory_used": 13_631_488, "memory_free": 20_924_334_080},
-                    {"mig_index": 1, "name": "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
-                     "uuid": "MIG-7f3a9b2c-bbbb-5d6e-8f90-222222222222", "memory_total": 20_937_965_568,
-                     "memory_used": 4_307_550_208, "memory_free": 16_630_415_360}]}
+A100_MIG: dict[str, Any] = {k: v for k, v in MIG_CARD.items() if k != "nvml_index"}  # as its NVML handle reads
 READINGS = {"driver_version": "580.65.06",
             "cards": [H100, A100_MIG, {"error": "GPU is lost"}]}  # pynvml.NVMLError_GpuIsLost's text
 ALL = [H100["uuid"], A100_MIG["mig"][0]["uuid"], A100_MIG["mig"][1]["uuid"], "2"]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_job
+from tests.gpu_readings import MIG_CARD
 from tests.service import ROOT
 from trainyard.app import devices_payload, gpu_order, hardware, nvml
 
@@ -188,16 +189,6 @@ def test_cuda_visible_devices_in_its_three_forms(monkeypatch, tmp_path):
     assert r["device_uuid"] == nv[2]["uuid"] and [g["index"] for g in r["gpus"]] == [None, None, 0, None]
 
 
-# An A100 40GB in MIG mode with two 3g.20gb instances, as NVML reads it (card, then each instance's handle).
-MIG_CARD = {"nvml_index": 0, "name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-5c4c7d1e-1111-2222-3333-444444444444",
-            "compute_capability": "8.0", "memory_total": 42_949_672_960, "memory_used": 1_300_234_240,
-            "memory_free": 41_649_438_720, "utilization_gpu": None,
-            "mig": [{"mig_index": 0, "name": "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
-                     "uuid": "MIG-0e6f2e6a-aaaa-5c5b-9d8e-111111111111", "memory_total": 20_937_965_568,
-                     "memory_used": 13_631_488, "memory_free": 20_924_334_080},
-                    {"mig_index": 1, "name": "NVIDIA A100-SXM4-40GB MIG 3g.20gb",
-                     "uuid": "MIG-7f3a9b2c-bbbb-5d6e-8f90-222222222222", "memory_total": 20_937_965_568,
-                     "memory_used": 4_307_550_208, "memory_free": 16_630_415_360}]}
 
 
 def test_mig_instances_are_gpus_with_their_own_uuid_and_memory(monkeypatch):

@@ -37,7 +37,8 @@ from trainyard.worker.errors import RankMessageRefused, RendezvousFailed
 PR_SET_PDEATHSIG = 1
 # Collectives wait this long for a missing rank (TRAINYARD_COLLECTIVE_TIMEOUT_S, read once); a rank that dies is
 # noticed at once by rank 0's watch, and rank 0's solo work is waited for by the store (worker/leader_wait.py).
-TIMEOUT = timedelta(seconds=float(os.environ.get("TRAINYARD_COLLECTIVE_TIMEOUT_S") or 600))
+TIMEOUT = timedelta(seconds=float(v) if (v := os.environ.get("TRAINYARD_COLLECTIVE_TIMEOUT_S", "")).replace(
+    ".", "", 1).isdigit() and 0 < float(v) <= 86400 else 600)  # a value past sense is ignored, not a dead import
 # Ranks meeting at rank 0's address wait this long for each other: an address that cannot be reached fails
 # the run then (RendezvousFailed), not at the collectives' timeout.
 RENDEZVOUS_S = 60.0
