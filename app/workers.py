@@ -5,7 +5,7 @@ Not the queue: nothing here changes a job. The supervisor writes, the API and mo
 """
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select, true, update
 from sqlalchemy.engine import Engine
 
 from trainyard.app import placement, wakeup
@@ -35,13 +35,17 @@ def worker_heartbeat(engine: Engine, worker_id: str, state: str, job_id: int | N
         values["stats"] = stats
     held = None
     with write(engine) as conn:
-        if state in LIVE:  # unavailable is for good: a live beat must not undo a quarantine it has not seen yet
+        # Unavailable is for good: a live beat must not undo a quarantine it has not seen yet. The beat's own UPDATE
+        # says so (no row changed), so the common beat stays one statement; only then is the reason read.
+        live = workers.c.state != UNAVAILABLE if state in LIVE else true()
+        if conn.execute(update(workers).where(workers.c.id == worker_id, live).values(**values)).rowcount == 0 \
+                and state in LIVE:
             row = conn.execute(select(workers.c.stats).where(workers.c.id == worker_id, workers.c.state == UNAVAILABLE)
                                .with_for_update()).first()
             if row is not None:
                 held = (row.stats or {}).get("unavailable") or "taken out of service"
                 values.update(state=UNAVAILABLE, job_id=None, stats={**(stats or row.stats or {}), "unavailable": held})
-        conn.execute(update(workers).where(workers.c.id == worker_id).values(**values))
+                conn.execute(update(workers).where(workers.c.id == worker_id).values(**values))
     return held
 
 
