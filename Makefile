@@ -73,11 +73,12 @@ setup: $(BIN)/.installed
 run: $(BIN)/.installed-run
 	$(BIN)/trainyard up
 
-# Lint and type checks ([tool.ruff] and [tool.mypy] in pyproject.toml); mypy keeps its cache in the venv,
+# Lint, type and layering checks ([tool.ruff], [tool.mypy], [tool.importlinter] in pyproject.toml); mypy keeps
 # so a second run only rechecks what changed.
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/mypy --cache-dir $(VENV)/.mypy_cache
+	$(BIN)/lint-imports --no-cache
 
 # The suite on PYTEST_WORKERS processes (pytest-xdist), a test file to each at a time (its module-scoped
 # services stay in one process): most tests wait on the servers and workers they start, so two processes

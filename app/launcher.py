@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 
-from trainyard.app import operator_token
 from trainyard.app.client import TERMINAL
-from trainyard.app.ports import free_port
+from trainyard.app.core import operator_token
+from trainyard.app.core.ports import free_port
 
 
 class Service:
@@ -79,7 +79,7 @@ class Service:
         return p
 
     def client(self, **kw) -> httpx.Client:
-        # A server listening beyond loopback with no token set makes one in its data dir (app/operator_token.py).
+        # A server listening beyond loopback with no token set makes one in its data dir (app/core/operator_token.py).
         token = self.env.get("TRAINYARD_API_TOKEN") or operator_token.read(self.data_dir)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.url, **{"timeout": 30, "headers": headers, **kw})

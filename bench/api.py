@@ -42,8 +42,8 @@ from functools import partial
 import httpx
 
 from bench.common import ROOT, TINY_JOB, CpuMeter, env_line, load_note, pct, postgres_schema, service, table, verdict
+from trainyard.app.core.states import JobState
 from trainyard.app.launcher import free_port
-from trainyard.app.states import JobState
 
 RATE, CONCURRENCY = 200, 8
 READ_P99_MS, READ_RATIO = 20, 0.5

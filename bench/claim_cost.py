@@ -7,7 +7,7 @@ For each backend, on a fresh database (a SQLite file, a schema of the local Post
 no history and then with build_history's (50 projects with a member each, 200 jobs apiece that ran and ended
 within the last hour: 10,000 rows), one registered CPU worker:
   - idle poll: what an idle worker's look at the queue costs when nothing is queued and nothing changed since
-    its last look (a safety-net poll, not a wake-up), as worker/main.py makes it;
+    its last look (a safety-net poll, not a wake-up), as worker/supervisor/main.py makes it;
   - claim cycle, one project: a job of the admin's queued, then the worker's look and its claim;
   - claim cycle, two projects: jobs of two projects queued (fair share must order them), look and claim.
 Each figure is CPU time of this process (time.process_time) per call, a median over rounds, and the statements
@@ -31,13 +31,14 @@ from sqlalchemy import event, insert, select, update
 from sqlalchemy.engine import Engine
 
 from bench.common import TINY_JOB, postgres_schema, table
-from trainyard.app import migrate, placement, queue, workers
-from trainyard.app.db import db_now, jobs, make_engine, members, projects, users, write
+from trainyard.app.db import db_now, jobs, make_engine, members, migrate, projects, users, write
+from trainyard.app.fleet import placement, workers
+from trainyard.app.jobs import queue
+from trainyard.app.jobs.submit import enqueue
 from trainyard.app.spec import parse_spec
-from trainyard.app.submit import enqueue
 
 try:
-    from trainyard.app import idle_look
+    from trainyard.app.fleet import idle_look
 except ImportError:  # the code before issue 40, measured for the "before" column
     idle_look = None  # type: ignore[assignment]
 
@@ -84,7 +85,8 @@ class Statements:
 
 
 class Bench:
-    """One worker's view of one fresh database: its look at the queue and its claim, as worker/main.py makes them."""
+    """One worker's view of one fresh database: its look at the queue and its claim, as worker/supervisor/main.py
+    makes them."""
 
     def __init__(self, engine: Engine):
         self.engine = engine

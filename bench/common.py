@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+from trainyard.app.core.settings import Settings
 from trainyard.app.launcher import Service
-from trainyard.app.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout the benchmarks run from
 

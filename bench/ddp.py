@@ -30,8 +30,8 @@ import torch
 
 from bench.common import PROD_ENV, ROOT, alternating_rounds
 from bench.train_throughput import rate
+from trainyard.app.core.states import JobState
 from trainyard.app.launcher import Service
-from trainyard.app.states import JobState
 
 JOB: dict[str, Any] = {"kind": "train", "name": "bench-ddp", "model": {"arch": "cifar_net"},
        "data": {"dataset": "fake", "image_size": [3, 32, 32], "num_classes": 10, "size": 4000},

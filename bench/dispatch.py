@@ -37,7 +37,7 @@ from contextlib import nullcontext
 
 from bench.claim_cost import build_history
 from bench.common import TINY_JOB, CpuMeter, env_line, iso_s, load_note, pct, postgres_schema, service, table, verdict
-from trainyard.app.states import TERMINAL, JobState
+from trainyard.app.core.states import TERMINAL, JobState
 
 LATENCY_P50_MS, LATENCY_P99_MS = 20, 60
 IDLE_CPU_PCT = 1.0

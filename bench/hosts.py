@@ -7,7 +7,7 @@ server here and one CPU worker in each host (TRAINYARD_NODE_ADDR: its address), 
 - torchrun, 2 hosts: bench.ddp's hand-written DDP loop, one `torchrun --nnodes 2 --nproc-per-node 1` in each
   host meeting at host A's address (static rendezvous), gloo over the hosts' link (GLOO_SOCKET_IFNAME).
 Each host is given cores of its own (`taskset`: half of this machine's each), as separate machines would
-have: the service's worker sizes its CPU jobs to them (worker/prepare.py), the torchrun rank gets as many
+have: the service's worker sizes its CPU jobs to them (worker/supervisor/prepare.py), the torchrun rank gets as many
 torch threads. Throughput counts training steps only (samples of the global batch per second, first epoch
 dropped), as bench.ddp does.
 """

@@ -30,15 +30,15 @@ from sqlalchemy.engine import Engine
 from bench.api import RATE, RawHttp, fixed_rate, sender
 from bench.common import TINY_JOB, CpuMeter, env_line, load_note, pct, postgres_schema, service, table, verdict
 from trainyard.app import accounts
+from trainyard.app.core.settings import Settings
 from trainyard.app.db import jobs, make_engine
-from trainyard.app.settings import Settings
 
 QUEUED, PROJECTS, ENDED = 500, 50, 200
 TARGET_P99_MS = 20  # issue 12's target for GET /jobs?limit=50 at 200 requests/s, both backends
 AT_99D61FA = {"SQLite": "p99 6-8 ms", "PostgreSQL": "p99 7.5 ms"}  # issue 12's release, this benchmark
 BODY = {**TINY_JOB, "device": "cuda:9"}
 PATHS = ("/jobs?limit=50", "/healthz")
-# The threads app/api/background.py runs the server's duties in: their statements are not a request's.
+# The threads app/duties/loops.py runs the server's duties in: their statements are not a request's.
 BACKGROUND = {"lease-reaper", "collector", "preemption", "sweeps", "dependencies"}
 
 
@@ -91,8 +91,8 @@ async def _measure(send, pid: int, seconds: float) -> tuple[dict, dict]:
 
 def in_process(backend: str, fleet: bool, requests: int = 300) -> list[list]:
     """CPU and SQL statements per request, the app called in this process (see the module's docstring)."""
-    from trainyard.app import workers as registry
     from trainyard.app.api import create_app
+    from trainyard.app.fleet import workers as registry
 
     counted = [0]
 

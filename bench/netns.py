@@ -19,7 +19,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 from trainyard.app.launcher import Service
-from trainyard.worker import reaper
+from trainyard.worker.supervisor import reaper
 
 
 def unavailable() -> str | None:

@@ -32,7 +32,7 @@ import torch
 
 from bench.common import env_line, iso_s, load_note, service, table
 from trainyard import Context
-from trainyard.app.states import JobState
+from trainyard.app.core.states import JobState
 
 CASES = {
     "start": {"epochs": 1, "size": 20, "batch_size": 20},

@@ -13,7 +13,7 @@ run: app/collector.collect, called here against the service's database and store
   checkpoint), half run out of time (the slow job with timeout_s 2, after a checkpoint or more);
 - one grid sweep of 20 trials (the Iris job over 20 learning rates, keep_best unset: TRAINYARD_SWEEP_KEEP_BEST).
 Then the store's bytes and objects per kind (collector.KINDS: the store's listing, by collector.kind_of; `cache`
-is this host's decoded datasets, app/host_cache.py), before any pass, after a pass now, after a pass once the
+is this host's decoded datasets, app/lifecycle/host_cache.py), before any pass, after a pass now, after a pass once the
 grace period (collect_grace_s) has passed, and after a pass 31 days on (collect(..., shift_s=...)).
 """
 import argparse
@@ -25,11 +25,11 @@ from typing import Any, cast
 from sqlalchemy import func, select
 
 from bench.common import TINY_JOB, env_line, load_note, service, table
-from trainyard.app import collector, host_cache
+from trainyard.app.core.settings import Settings
+from trainyard.app.core.states import TERMINAL
 from trainyard.app.db import jobs, make_engine, read
 from trainyard.app.launcher import Service
-from trainyard.app.settings import Settings
-from trainyard.app.states import TERMINAL
+from trainyard.app.lifecycle import collector, host_cache
 
 DAY = 86400.0
 RULES = ("checkpoint_ttl_s", "ended_job_ttl_s", "sweep_keep_best", "log_ttl_s", "export_ttl_s", "collect_grace_s")

@@ -29,7 +29,7 @@ from collections import Counter
 from typing import cast
 
 from bench.common import TINY_JOB, env_line, iso_s, load_note, pct, service, table
-from trainyard.app.states import TERMINAL, JobState
+from trainyard.app.core.states import TERMINAL, JobState
 
 POLL_S = 0.05
 

@@ -30,11 +30,12 @@ from sqlalchemy import event, insert, update
 from sqlalchemy.engine import Engine
 
 from bench.common import env_line, table
-from trainyard.app import migrate, queue, study, sweep_admission, sweep_store
-from trainyard.app.db import jobs, make_engine, sweep_log, sweeps, write
-from trainyard.app.search import Searcher
-from trainyard.app.settings import Settings
+from trainyard.app.core.settings import Settings
+from trainyard.app.db import jobs, make_engine, migrate, sweep_log, sweeps, write
+from trainyard.app.jobs import queue
 from trainyard.app.spec import MAX_SWEEP_TRIALS, SweepSpec
+from trainyard.app.sweeps import study, sweep_admission, sweep_store
+from trainyard.app.sweeps.search import Searcher
 
 RUNNING = 2
 # Trials of one fabricated sweep, at most: a sweep takes at most MAX_SWEEP_TRIALS (1,000); room is left for the

@@ -40,8 +40,8 @@ from bench import flops
 from bench.cases import CASES, GROUPS, TARGETS, YARDSTICKS, expand, spec_for
 from bench.common import PROD_ENV, ROOT, iso_s, load_note
 from bench.loops import model_switches, numerics
+from trainyard.app.core.states import TERMINAL, JobState
 from trainyard.app.launcher import Service
-from trainyard.app.states import TERMINAL, JobState
 
 SERVICE = "service"
 POLL_S = 0.5

@@ -28,7 +28,7 @@
 #   TRAINYARD_WORKER_PIDFILE  where the worker roles write their pids for healthcheck.py
 #                             (default /tmp/trainyard-workers.pid)
 #   TRAINYARD_NVML_READINGS   gpu-workers lists the GPUs of this file of recorded NVML readings
-#                             instead of the host's (python -m trainyard.app.gpu_order --help): for
+#                             instead of the host's (python -m trainyard.app.fleet.gpu_order --help): for
 #                             tests, and a dry run of the role on a machine without GPUs
 # And one is set here for the worker roles: TRAINYARD_WORKER_STATUS_DIR (default
 # /tmp/trainyard-workers.status), where each worker writes its state at every heartbeat for
@@ -113,8 +113,8 @@ case "$role" in
         if [ -n "${TRAINYARD_WORKER_DEVICES:-}" ]; then
             read -r -a devices <<<"$TRAINYARD_WORKER_DEVICES"
         else
-            # NVML, not torch: listing must not create a CUDA context (app/gpu_order.py).
-            uuids=$(python -m trainyard.app.gpu_order ${TRAINYARD_NVML_READINGS:+--readings "$TRAINYARD_NVML_READINGS"})
+            # NVML, not torch: listing must not create a CUDA context (app/fleet/gpu_order.py).
+            uuids=$(python -m trainyard.app.fleet.gpu_order ${TRAINYARD_NVML_READINGS:+--readings "$TRAINYARD_NVML_READINGS"})
             read -r -a visible <<<"$uuids"
             devices=()
             for _ in "${visible[@]}"; do devices+=("cuda:0"); done

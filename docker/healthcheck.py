@@ -10,7 +10,7 @@ worker  every pid in the pid file the entrypoint wrote ($TRAINYARD_WORKER_PIDFIL
         bound the worker states in it (it rewrites it at every heartbeat: an older one is a hung
         worker) and does not say `unavailable` (the worker cannot use its device: no usable CUDA, a
         failed GPU). A worker serves no HTTP, and asking the API about it would make a worker
-        "unhealthy" whenever the API restarts: the file is worker/status_file.py's.
+        "unhealthy" whenever the API restarts: the file is worker/supervisor/status_file.py's.
 auto    worker if that pid file exists (the entrypoint writes it for the worker roles only and
         removes it for the others), else api: this is what lets the image's one HEALTHCHECK
         serve both roles.
@@ -66,7 +66,7 @@ def process_problem(pid: int) -> str | None:
 
 
 def status_problem(pid: int, status_dir: Path, now: float) -> str | None:
-    """What the worker's own status file (worker/status_file.py) says is wrong with it."""
+    """What the worker's own status file (worker/supervisor/status_file.py) says is wrong with it."""
     path = status_dir / f"{pid}.json"
     try:
         status = json.loads(path.read_text())

@@ -6,8 +6,7 @@ import pytest
 from bench.common import postgres_schema
 from tests.s3 import new_bucket, s3_server
 from tests.service import Service
-from trainyard.app import migrate
-from trainyard.app.db import make_engine
+from trainyard.app.db import make_engine, migrate
 from trainyard.app.spec import TRAIN_EXAMPLE
 
 # The README's Iris job (seed 000's MLP and loop settings), as the OpenAPI docs show it.

@@ -1,4 +1,4 @@
-"""NVML readings of real cards, in the shape app/nvml.py reads them, shared by the tests that replay them."""
+"""NVML readings of real cards, in the shape app/fleet/nvml.py reads them, shared by the tests that replay them."""
 
 # An A100 40GB in MIG mode with two 3g.20gb instances, as NVML reads it (card, then each instance's handle).
 MIG_CARD = {"nvml_index": 0, "name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-5c4c7d1e-1111-2222-3333-444444444444",

@@ -1,13 +1,14 @@
 """A team for the tests of users and projects: two projects with a user each, and an admin, made with
-app/accounts.py on a live Service's own database; each member's bearer token and an httpx client acting as them."""
+app/accounts/__init__.py on a live Service's own database; each member's bearer token and an httpx client acting as
+them."""
 from dataclasses import dataclass
 
 import httpx
 from sqlalchemy.engine import Engine
 
 from trainyard.app import accounts
+from trainyard.app.core.settings import Settings
 from trainyard.app.db import make_engine
-from trainyard.app.settings import Settings
 
 
 def service_engine(svc) -> Engine:

@@ -1,12 +1,14 @@
-"""Users, projects, tokens and the audit record (app/accounts.py, app/audit.py) on both databases: a token is
+"""Users, projects, tokens and the audit record (app/accounts/__init__.py, app/accounts/audit.py) on both databases:
+a token is
 stored as its digest only, acts as its user in its project, and stops working the moment it is revoked or its
 user leaves the project; names are checked; the audit record reads newest first."""
 import pytest
 from sqlalchemy import select
 
-from trainyard.app import accounts, audit
+from trainyard.app import accounts
+from trainyard.app.accounts import audit
+from trainyard.app.core.errors import Conflict, Invalid, NotFound
 from trainyard.app.db import read, tokens
-from trainyard.app.errors import Conflict, Invalid, NotFound
 
 
 def test_a_token_acts_as_its_user_in_its_project_until_revoked(engine):

@@ -17,9 +17,11 @@ from sqlalchemy import insert
 from tests.conftest import BACKENDS, fresh_database, slow_job, tiny_job
 from tests.service import Service, serving
 from tests.teams import Team, make_team
-from trainyard.app import accounts, metrics, submit
+from trainyard.app import accounts
 from trainyard.app.accounts import Principal
 from trainyard.app.db import sweeps, write
+from trainyard.app.jobs import submit
+from trainyard.app.observe import prometheus
 from trainyard.app.spec import parse_spec
 
 ROOT = "root-admin-secret"  # TRAINYARD_API_TOKEN: the operators' admin token
@@ -173,7 +175,7 @@ def test_a_users_gauges_count_their_projects_rows_only(engine):
         submit.insert_job(conn, spec, sweep={"id": made[2], "trial": 0, "params": {}}, project_id=beta)
 
     def seen(who: Principal | None) -> dict[tuple[str, str], float]:
-        text = metrics.render(metrics.registry(engine, 30, who=who)).decode()
+        text = prometheus.render(prometheus.registry(engine, 30, who=who)).decode()
         return {(n, labels.get("state", labels.get("device", ""))): v for n, labels, v in samples(text)
                 if n in ("trainyard_jobs", "trainyard_queue_depth", "trainyard_sweeps", "trainyard_sweep_trials",
                          "trainyard_jobs_submitted_total") and labels.get("kind", "train") == "train"}

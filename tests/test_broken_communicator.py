@@ -11,10 +11,10 @@ import pytest
 import torch.distributed as dist
 
 from tests.service import ROOT, Service, probe_plugin, run_job
+from trainyard.app.core.states import JobState
 from trainyard.app.records import Job
-from trainyard.app.states import JobState
 from trainyard.worker import broken_links, distributed, runner
-from trainyard.worker.plan import JobPlan
+from trainyard.worker.supervisor.plan import JobPlan
 
 RECORDED = json.loads((ROOT / "tests" / "fixtures" / "gpu" / "cuda_failures_h200.json").read_text())
 # What rank 0 of two on an H200 printed when rank 1 exited under an all_reduce (NCCL 2.28.9): the fixture keeps the

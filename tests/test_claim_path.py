@@ -1,5 +1,5 @@
 """The claim path's cost and guarantees (issue 40), on both databases: an idle worker's look at the queue costs one
-statement when nothing changed since its last (app/idle_look.py), and loses no job queued around it; fair share
+statement when nothing changed since its last (app/fleet/idle_look.py), and loses no job queued around it; fair share
 reads the jobs' history only when two or more projects compete, orders them when they do (the reading made by a
 look used again by its claim), and leaves priority then age when one project competes."""
 import time
@@ -7,11 +7,13 @@ import time
 from sqlalchemy import event, update
 
 from tests.conftest import tiny_job
-from trainyard.app import accounts, idle_look, queue, workers
+from trainyard.app import accounts
 from trainyard.app.db import jobs, write
-from trainyard.app.placement import Slot
+from trainyard.app.fleet import idle_look, workers
+from trainyard.app.fleet.placement import Slot
+from trainyard.app.jobs import queue
+from trainyard.app.jobs.submit import enqueue
 from trainyard.app.spec import parse_spec
-from trainyard.app.submit import enqueue
 
 
 def queued(engine, project_id: int | None = None, priority: int = 0, **over) -> int:

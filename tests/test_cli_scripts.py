@@ -14,7 +14,7 @@ from tests.conftest import tiny_job
 from tests.service import serving
 from trainyard.app.cli import build_parser
 from trainyard.app.cli.output import STATE_STYLE, state_text
-from trainyard.app.states import JobState
+from trainyard.app.core.states import JobState
 
 TRAINYARD = Path(sys.executable).with_name("trainyard")  # the console script pip installed
 # Longer than any terminal's line, with spaces where a wrapper would break it.

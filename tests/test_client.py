@@ -12,7 +12,7 @@ from tests.service import serving
 from tests.test_uploads import iris_csv
 from trainyard import APIError, Client, Dataset, Event, Job, Page, Sweep, Worker
 from trainyard.app.client import DEPRECATED, TERMINAL
-from trainyard.app.client_models import LogChunk
+from trainyard.app.client.models import LogChunk
 
 WAITING = {**tiny_job(), "device": "cuda"}  # no worker serves CUDA here: it stays queued until cancelled
 GRID = {"job": tiny_job(epochs=2), "method": "grid", "max_concurrent": 1,

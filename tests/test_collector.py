@@ -1,4 +1,5 @@
-"""The collector and the retention rules (app/collector.py, app/retention.py), on both databases, with the data
+"""The collector and the retention rules (app/lifecycle/collector.py, app/lifecycle/retention.py), on both databases,
+with the data
 directory as the store and with the tests' own S3 server: after a pass the store's keys are exactly those the rows
 reference; each rule acts on the rows it names and on no other; what the pass measured is what a listing shows."""
 import os
@@ -8,11 +9,11 @@ import pytest
 from sqlalchemy import func, insert, select, update
 
 from tests.conftest import tiny_job
-from trainyard.app import collector, retention
+from trainyard.app.core.settings import Settings
 from trainyard.app.db import counters, jobs, read, sweeps, write
-from trainyard.app.settings import Settings
+from trainyard.app.jobs.submit import enqueue
+from trainyard.app.lifecycle import collector, retention
 from trainyard.app.spec import parse_spec
-from trainyard.app.submit import enqueue
 
 DAY = 86400.0
 

@@ -1,6 +1,6 @@
-"""The container's workers: the health check reads each worker's own status file (worker/status_file.py), the
+"""The container's workers: the health check reads each worker's own status file (worker/supervisor/status_file.py), the
 gpu-workers role gives every GPU entry (MIG instances included) a worker with CUDA_VISIBLE_DEVICES set to its
-UUID, and a CUDA job's threads share the host's cores with the other workers' jobs (worker/prepare.py).
+UUID, and a CUDA job's threads share the host's cores with the other workers' jobs (worker/supervisor/prepare.py).
 
 The health check and the entrypoint run for real (healthcheck.py as a process, entrypoint.sh under bash); the
 workers in the entrypoint's tests are a stand-in `trainyard` that records what it was started with, and the
@@ -22,9 +22,9 @@ from tests.conftest import tiny_job
 from tests.gpu_readings import MIG_CARD
 from tests.service import ROOT, Service
 from tests.test_runner import job_record
-from trainyard.app import gpu_order
-from trainyard.app.settings import Settings
-from trainyard.worker import prepare, status_file
+from trainyard.app.core.settings import Settings
+from trainyard.app.fleet import gpu_order
+from trainyard.worker.supervisor import prepare, status_file
 
 HEALTHCHECK = ROOT / "docker" / "healthcheck.py"
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"

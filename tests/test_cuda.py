@@ -13,7 +13,7 @@ import torch
 from tests.conftest import tiny_job
 from tests.test_runner import job_record
 from trainyard.worker import runner
-from trainyard.worker.plan import JobPlan
+from trainyard.worker.supervisor.plan import JobPlan
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -341,7 +341,7 @@ def test_the_page_signs_in_with_a_cookie_and_its_script_never_sends_the_token(br
         expect(token).to_be_hidden()
         listed = [r for r in w.requests if r.url.endswith("/jobs?limit=100&include=result")]
         assert "authorization" not in listed[-1].all_headers()
-        cookie = listed[-1].all_headers()["cookie"]  # a session of its own (app/sessions.py), not the token
+        cookie = listed[-1].all_headers()["cookie"]  # a session of its own (app/accounts/signins.py), not the token
         assert "trainyard_token=tys_" in cookie and "dash-s3cret" not in cookie
         assert "dash-s3cret" not in page.evaluate("document.cookie + JSON.stringify(Object.entries(localStorage))")
 

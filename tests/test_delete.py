@@ -1,4 +1,5 @@
-"""Deleting jobs, sweeps and datasets (app/deletion.py, app/references.py): rows and stored objects gone, the id
+"""Deleting jobs, sweeps and datasets (app/lifecycle/deletion.py, app/lifecycle/references.py): rows and stored
+objects gone, the id
 answering 404 after; each kind of reference answering 409 naming it, the thing kept; and a worker whose job was
 deleted under it fenced out, writing nothing more.
 
@@ -14,13 +15,15 @@ from sqlalchemy import delete, func, insert, select, update
 from bench.common import postgres_schema
 from tests.conftest import slow_job, tiny_job
 from tests.service import Service
-from trainyard.app import deletion, job_reads, queue, references
+from trainyard.app.core.errors import Conflict, NotFound
+from trainyard.app.core.layout import Layout
+from trainyard.app.core.storage import Store
 from trainyard.app.db import job_sweeps, jobs, metrics, read, sweeps, write
-from trainyard.app.errors import Conflict, NotFound
-from trainyard.app.layout import Layout
+from trainyard.app.jobs import queue
+from trainyard.app.jobs.submit import enqueue
+from trainyard.app.lifecycle import deletion, references
+from trainyard.app.records import job_reads
 from trainyard.app.spec import parse_spec
-from trainyard.app.storage import Store
-from trainyard.app.submit import enqueue
 
 
 def submit(engine, body: dict) -> int:
@@ -295,8 +298,8 @@ def test_unknown_ids_answer_404(service):
 def test_a_worker_whose_running_job_is_deleted_under_it_stops_and_leaves_nothing(tmp_path):
     """The race (or a lease that ran out) forced: the job's rows deleted while its worker runs it, the running
     check bypassed. The worker stops the job process, records nothing about it and removes what the run left."""
+    from trainyard.app.core.settings import Settings
     from trainyard.app.db import make_engine
-    from trainyard.app.settings import Settings
     with live(tmp_path, None, "sqlite") as (svc, keys), svc.client() as c:
         engine = make_engine(svc.env["TRAINYARD_DATABASE_URL"] or Settings(data_dir=svc.data_dir).db_url)
         job_id = svc.submit(slow_job(epochs=200))["id"]
@@ -381,8 +384,7 @@ def test_the_dashboard_pins_unpins_and_deletes_an_ended_job_after_a_confirm(tmp_
 def test_migration_0006_keeps_every_row_and_ids_are_never_given_again(backend_url):
     """0006 adds `pinned` and (SQLite) copies jobs and sweeps into AUTOINCREMENT tables: their children's rows
     (metrics, sweep_log) survive the copy both ways, and the id of a deleted newest job is not reused."""
-    from trainyard.app import migrate
-    from trainyard.app.db import make_engine, sweep_log
+    from trainyard.app.db import make_engine, migrate, sweep_log
     engine = make_engine(backend_url)
     try:
         migrate.upgrade(engine, "0005")

@@ -1,4 +1,4 @@
-"""Jobs that wait for jobs (app/dependencies.py): `after`, a model_job or init_from still queued or running, a
+"""Jobs that wait for jobs (app/fleet/dependencies.py): `after`, a model_job or init_from still queued or running, a
 batch's "$N"; never claimed before those succeed, failed with class dependency when one ends otherwise (failed,
 cancelled, deleted), checked at submit (422s naming the field); and a train -> evaluate -> predict pipeline
 submitted at once over HTTP with a real worker, on SQLite and on PostgreSQL."""
@@ -12,13 +12,16 @@ from sqlalchemy import delete, select
 from tests.conftest import on_both_backends, tiny_job
 from tests.service import ROOT
 from trainyard import Client
-from trainyard.app import admission, job_reads, queue, submit, sweep_store, waiting
+from trainyard.app.core.errors import Invalid
+from trainyard.app.core.settings import Settings
+from trainyard.app.core.states import SweepState
 from trainyard.app.db import job_deps, jobs, read, write
-from trainyard.app.dependents import fail_dependents
-from trainyard.app.errors import Invalid
-from trainyard.app.settings import Settings
+from trainyard.app.duties.dependents import fail_dependents
+from trainyard.app.fleet import waiting
+from trainyard.app.jobs import admission, queue, submit
+from trainyard.app.records import job_reads
 from trainyard.app.spec import JobBatch, SweepSpec, parse_spec
-from trainyard.app.states import SweepState
+from trainyard.app.sweeps import sweep_store
 
 service_backend = on_both_backends()
 EVALUATE = {"kind": "predict", "data": {"dataset": "iris", "split": "val"}, "device": "cpu"}

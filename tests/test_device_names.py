@@ -1,7 +1,7 @@
-"""app/device_names.py: the one device vocabulary."""
+"""app/core/device_names.py: the one device vocabulary."""
 import pytest
 
-from trainyard.app import device_names as dn
+from trainyard.app.core import device_names as dn
 
 
 def test_worker_devices_are_concrete():

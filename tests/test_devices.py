@@ -12,7 +12,7 @@ import torch
 from tests.conftest import tiny_job
 from tests.gpu_readings import MIG_CARD
 from tests.service import ROOT
-from trainyard.app import devices_payload, gpu_order, hardware, nvml
+from trainyard.app.fleet import devices_payload, gpu_order, hardware, nvml
 
 GiB = 2**30
 H100 = {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0", "compute_capability": "9.0",
@@ -151,8 +151,8 @@ def test_a_mixed_host_matches_torch_devices_to_nvml_by_uuid_not_index(monkeypatc
     assert r["device_uuid"] == MIXED[1]["uuid"]  # torch's cuda:0 is the H100, NVML's GPU 1
     assert [(g["name"], g["index"]) for g in r["gpus"]] == [(A100["name"], 1), (H100["name"], 0)]
     # Its slot is the H100's: its UUID, its memory (85.5 GB, not the A100's 42.9).
-    from trainyard.app.settings import Settings
-    from trainyard.worker.main import Worker
+    from trainyard.app.core.settings import Settings
+    from trainyard.worker.supervisor.main import Worker
     worker = Worker(Settings(data_dir=tmp_path), "cuda:0")
     slot = worker._slot(r, {"cuda_devices": [{"uuid": u} for u in TORCH_FASTEST_FIRST]})
     assert (slot.key, slot.budget) == (MIXED[1]["uuid"], H100["memory_total"])
@@ -182,8 +182,8 @@ def test_cuda_visible_devices_in_its_three_forms(monkeypatch, tmp_path):
     monkeypatch.setattr(nvml, "nvml_devices", lambda: nv)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-ccc")
     assert gpu_order.visible_cuda_count() == 1
-    from trainyard.app.settings import Settings
-    from trainyard.worker.main import Worker
+    from trainyard.app.core.settings import Settings
+    from trainyard.worker.supervisor.main import Worker
     assert Worker(Settings(data_dir=tmp_path), "auto").device == "cuda:0"
     r = hardware.host_reading("cuda:0")  # before the warm-up's UUIDs: CUDA_VISIBLE_DEVICES parsed
     assert r["device_uuid"] == nv[2]["uuid"] and [g["index"] for g in r["gpus"]] == [None, None, 0, None]
@@ -307,11 +307,13 @@ def test_the_lent_devices_uuids_travel_with_the_job_to_its_ranks(tmp_path):
     2-device job's plan carries each rank's GPU UUID, so rank 1 does not resolve cuda:0 under rank 0's."""
     import os
 
-    from trainyard.app import migrate, placement, queue, submit
-    from trainyard.app import workers as registry
-    from trainyard.app.settings import Settings
+    from trainyard.app.core.settings import Settings
+    from trainyard.app.db import migrate
+    from trainyard.app.fleet import placement
+    from trainyard.app.fleet import workers as registry
+    from trainyard.app.jobs import queue, submit
     from trainyard.app.spec import parse_spec
-    from trainyard.worker.main import Worker
+    from trainyard.worker.supervisor.main import Worker
     settings = Settings(data_dir=tmp_path)
     settings.ensure_dirs()
     ws = [Worker(settings, "cuda:0") for _ in range(2)]
@@ -330,10 +332,10 @@ def test_the_lent_devices_uuids_travel_with_the_job_to_its_ranks(tmp_path):
 # ---- a device that fails under a running job: the host's trouble, retried elsewhere -------------------------
 
 def execute(tmp_path, device):
+    from trainyard.app.core.states import JobState
     from trainyard.app.records import Job
-    from trainyard.app.states import JobState
     from trainyard.worker import runner
-    from trainyard.worker.plan import JobPlan
+    from trainyard.worker.supervisor.plan import JobPlan
     blank = {name: None for name in Job.__dataclass_fields__}
     job = Job(**{**blank, "id": 1, "kind": "train", "state": JobState.RUNNING, "spec": {**tiny_job(), "device": "auto"},
                  "attempt": 1, "claim": 1, "errors": []})

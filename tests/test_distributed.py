@@ -15,7 +15,7 @@ from tests.service import free_port
 from tests.test_runner import job_record
 from trainyard.worker import distributed, runner
 from trainyard.worker.errors import RendezvousFailed
-from trainyard.worker.plan import JobPlan
+from trainyard.worker.supervisor.plan import JobPlan
 
 TERMINAL = ("done", "error", "preempted")
 

@@ -23,7 +23,7 @@ import yaml
 from packaging.requirements import Requirement
 
 from tests.service import FAST_ENV, ROOT, free_port
-from trainyard.app.settings import Settings
+from trainyard.app.core.settings import Settings
 
 pytestmark = pytest.mark.slow  # starts the real server and workers
 

@@ -1,4 +1,5 @@
-"""Fair share between projects and their device limits at the claim (app/fair_share.py, app/placement.py), on
+"""Fair share between projects and their device limits at the claim (app/fleet/fair_share.py,
+app/fleet/placement.py), on
 both databases: the project with the least recent device time for its share is served first, whatever the
 priorities and ages of other projects' jobs; device time fades by half each half-life; a project at its
 `devices` or `gpu_memory_gb` limit is skipped and its jobs say why."""
@@ -7,11 +8,13 @@ import time
 from sqlalchemy import select, update
 
 from tests.conftest import tiny_job
-from trainyard.app import accounts, fair_share, placement, queue
+from trainyard.app import accounts
 from trainyard.app.db import jobs, read, write
-from trainyard.app.job_reads import get_job
+from trainyard.app.fleet import fair_share, placement
+from trainyard.app.jobs import queue
+from trainyard.app.jobs.submit import enqueue
+from trainyard.app.records.job_reads import get_job
 from trainyard.app.spec import parse_spec
-from trainyard.app.submit import enqueue
 
 HOUR = 3600.0
 

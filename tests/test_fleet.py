@@ -11,13 +11,14 @@ import time
 import pytest
 
 from tests.conftest import on_both_backends, slow_job, tiny_job
-from trainyard.app import job_reads, migrate, queue, submit
-from trainyard.app import workers as registry
-from trainyard.app.db import make_engine
-from trainyard.app.settings import Settings
+from trainyard.app.core.settings import Settings
+from trainyard.app.db import make_engine, migrate
+from trainyard.app.fleet import workers as registry
+from trainyard.app.jobs import queue, submit
+from trainyard.app.records import job_reads
 from trainyard.app.spec import parse_spec
 from trainyard.worker.fork_server import mp_context
-from trainyard.worker.main import Worker
+from trainyard.worker.supervisor.main import Worker
 
 pytestmark = pytest.mark.slow
 service_backend = on_both_backends()

@@ -1,5 +1,5 @@
 """A job's GPU memory after its process ends: the worker claims nothing until NVML no longer lists the job's
-processes (worker/gpu_release.py), placement holds a job to what NVML last saw free on the GPU
+processes (worker/supervisor/gpu_release.py), placement holds a job to what NVML last saw free on the GPU
 (placement.fits_now), and the CUDA context a job costs beyond its statement, measured against the headroom
 placement counts (worker/torch_devices/context_size.py).
 
@@ -19,13 +19,14 @@ import pytest
 
 from tests.conftest import slow_job, tiny_job
 from tests.service import Service
-from trainyard.app import migrate, nvml, placement, queue, submit, waiting
-from trainyard.app.db import make_engine
-from trainyard.app.settings import Settings
+from trainyard.app.core.settings import Settings
+from trainyard.app.db import make_engine, migrate
+from trainyard.app.fleet import nvml, placement, waiting
+from trainyard.app.jobs import queue, submit
 from trainyard.app.spec import parse_spec
-from trainyard.worker import gpu_release
-from trainyard.worker.job_run import JobRun, WorkerLink
-from trainyard.worker.plan import JobPlan
+from trainyard.worker.supervisor import gpu_release
+from trainyard.worker.supervisor.job_run import JobRun, WorkerLink
+from trainyard.worker.supervisor.plan import JobPlan
 
 GPU, NEIGHBOUR = "GPU-5b1e7f3a-0c2d-4e8f-9a6b-1c3d5e7f9a0b", 424242
 GIB, GB = 1 << 30, 10**9
@@ -76,7 +77,7 @@ def test_the_wait_gives_up_at_its_limit_and_names_what_nvml_still_shows():
 
 
 class Beats:
-    """The worker as a job's supervision sees it (worker/job_run.py WorkerLink), reduced to what ending a job
+    """The worker as a job's supervision sees it (worker/supervisor/job_run.py WorkerLink), reduced to what ending a job
     reaches: its settings, whether it is stopping, and its heartbeat (counted)."""
 
     def __init__(self, settings: Settings):

@@ -223,10 +223,10 @@ def test_a_sweep_is_never_its_deleted_owners_namesake(engine):
 
     from sqlalchemy import select
 
-    from trainyard.app import accounts, sweep_reads
+    from trainyard.app import accounts
+    from trainyard.app.core.states import SweepState
     from trainyard.app.db import db_now, read
-    from trainyard.app.records import Sweep, SweepPlan
-    from trainyard.app.states import SweepState
+    from trainyard.app.records import Sweep, SweepPlan, sweep_reads
     accounts.add_project(engine, "vision")
     accounts.add_user(engine, "dan", admin=True)
     with read(engine) as conn:

@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import BACKENDS, fresh_database
 from tests.service import Service
 from tests.teams import make_team, service_engine
-from trainyard.app import workers as workers_registry
+from trainyard.app.fleet import workers as workers_registry
 
 JOB = {"kind": "train", "model": {"arch": "mlp"}, "data": {"dataset": "digits"}, "device": "cpu",
        "train": {"epochs": 1}}

@@ -1,7 +1,7 @@
 """Limits, shares and priorities past what the database can hold (issue 37, "Unbounded limits"), on both databases:
 the API refuses them with a 422 naming the field, and a value stored before the bounds existed stops no claim,
 no idle worker's poll and no preemption pass: the project's job and another's run, the worker lives on, and the
-server's log names the row once instead of a traceback a second (app/project_limits.py)."""
+server's log names the row once instead of a traceback a second (app/accounts/project_limits.py)."""
 import logging
 import math
 
@@ -11,7 +11,7 @@ from sqlalchemy import update
 from tests.conftest import BACKENDS, fresh_database, slow_job, tiny_job
 from tests.service import Service
 from tests.teams import make_team, service_engine
-from trainyard.app import project_limits
+from trainyard.app.accounts import project_limits
 from trainyard.app.db import projects, write
 
 PAST_THEIR_BOUNDS = [({"limits": {"devices": 99_999_999_999}}, "devices"),

@@ -14,9 +14,9 @@ import pytest
 
 from tests.service import Service
 from tests.teams import make_team
-from trainyard.app import operator_token
 from trainyard.app.api import create_app
-from trainyard.app.settings import Settings
+from trainyard.app.core import operator_token
+from trainyard.app.core.settings import Settings
 
 OUTSIDER = ("203.0.113.9", 40000)
 

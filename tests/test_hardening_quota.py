@@ -1,6 +1,6 @@
 """Issue 37's quota and priority findings, as a member would try them against a live server on both databases:
 submits, batches and retries made all at once never take a project past queued_jobs (the count is read in the
-inserting transaction, the project's row held: app/quotas.py), and a member asks for no more priority than the
+inserting transaction, the project's row held: app/accounts/quotas.py), and a member asks for no more priority than the
 project's max_priority (0 unset) allows, by any route that queues a job; admins are not limited. No worker runs,
 so what is submitted stays queued."""
 import threading

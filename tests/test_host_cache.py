@@ -1,4 +1,4 @@
-"""This host's copies of bucket objects held to TRAINYARD_CACHE_BYTES (app/host_cache.py), against a real S3
+"""This host's copies of bucket objects held to TRAINYARD_CACHE_BYTES (app/lifecycle/host_cache.py), against a real S3
 protocol server (moto's): least recently used out, young and hidden files spared, the bucket untouched."""
 import os
 import threading
@@ -10,8 +10,9 @@ import safetensors.torch
 
 from tests.conftest import tiny_job
 from tests.service import Service
-from trainyard.app import host_cache, storage
-from trainyard.app.layout import Layout, locked
+from trainyard.app.core import storage
+from trainyard.app.core.layout import Layout, locked
+from trainyard.app.lifecycle import host_cache
 
 COPY_FOLDERS = ("artifacts", "checkpoints", "logs", "datasets/uploads")
 
@@ -168,8 +169,8 @@ def test_a_worker_keeps_its_copies_under_the_cap(tmp_path, bucket):
 
 
 def test_a_running_jobs_log_evicted_while_it_ran_quiet_comes_back_whole(bucket, tmp_path):
-    from trainyard.app.settings import Settings
-    from trainyard.worker.joblog import JobOutput
+    from trainyard.app.core.settings import Settings
+    from trainyard.worker.supervisor.joblog import JobOutput
     settings = Settings(data_dir=tmp_path / "host", storage_url=f"s3://{bucket.name}/p")
     out = JobOutput(settings.layout.log(7), settings, 7, None)
     out.line("epoch 1 of a long run")

@@ -29,7 +29,7 @@ from bench.netns import Host, Network, hosts, unavailable
 from tests.conftest import slow_job, tiny_job
 from tests.service import FAST_ENV, ROOT, Service, free_port, probe_plugin, run_job
 from tests.test_reliability import alive, job_pids, metrics, wait_checkpoint
-from trainyard.worker import reaper
+from trainyard.worker.supervisor import reaper
 
 why_not = unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(why_not is not None, reason=str(why_not))]

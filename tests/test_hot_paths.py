@@ -16,16 +16,16 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
-from trainyard.app import workers as registry
 from trainyard.app.api import create_app
-from trainyard.app.settings import Settings
+from trainyard.app.core.settings import Settings
+from trainyard.app.fleet import workers as registry
 
 TOKEN = "hot-paths-admin-token"
 JOB = {"kind": "train", "model": {"arch": "mlp", "hidden": [8]}, "data": {"dataset": "iris"},
        "train": {"epochs": 1}, "device": "cuda:9"}  # no worker serves cuda:9: every job stays queued
 # Statements a page of jobs may take, whatever its size: count, sizes, rows; the workers; the dependencies.
 PAGE_STATEMENTS = 5
-# The threads app/api/background.py runs its duties in: their statements are not the request's.
+# The threads app/duties/loops.py runs its duties in: their statements are not the request's.
 BACKGROUND = {"lease-reaper", "collector", "preemption", "sweeps", "dependencies"}
 
 

@@ -1,10 +1,11 @@
-"""Free ports for the listeners the project opens on ports of its own choosing (app/ports.py): throwaway
+"""Free ports for the listeners the project opens on ports of its own choosing (app/core/ports.py): throwaway
 services' servers and the rendezvous of a job's ranks across hosts."""
 import socket
 
 import pytest
 
-from trainyard.app import launcher, ports
+from trainyard.app import launcher
+from trainyard.app.core import ports
 
 
 def test_a_free_port_is_bindable_and_outside_the_range_outgoing_connections_take():

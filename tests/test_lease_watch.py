@@ -10,7 +10,7 @@ import pytest
 
 from bench.common import postgres_schema
 from trainyard.app.db import PG_CONNECTION_LIMITS, make_engine
-from trainyard.worker.supervise import LeaseWatch
+from trainyard.worker.supervisor.supervise import LeaseWatch
 
 
 def job_process() -> subprocess.Popen:
@@ -81,7 +81,7 @@ def test_a_log_upload_hanging_past_the_lease_is_a_cut_off_too():
     """A host cut off in the middle of its log's upload to the bucket (JobRun.publish_log, every heartbeat): the
     supervisor waits in botocore, not in the database, and its job process must still stop at the lapse. A claim
     check made inside the upload (a database call within it) keeps the upload's start."""
-    from trainyard.worker.main import Worker
+    from trainyard.worker.supervisor.main import Worker
     proc = job_process()
     try:
         worker = SimpleNamespace(network_call_since=None)

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import slow_job, tiny_job
 from tests.service import Service
-from trainyard.worker import memory
+from trainyard.worker.supervisor import memory
 
 pytestmark = pytest.mark.slow
 GiB = 1 << 30

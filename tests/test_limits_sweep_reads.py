@@ -16,8 +16,8 @@ from bench.common import postgres_schema
 from tests.conftest import tiny_job
 from tests.service import Service
 from tests.test_limits_api import rss
-from trainyard.app import submit
 from trainyard.app.db import jobs, make_engine, metrics, sweeps, write
+from trainyard.app.jobs import submit
 from trainyard.app.spec import SweepSpec, TrainJob
 
 pytestmark = pytest.mark.slow

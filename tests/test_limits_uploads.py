@@ -14,7 +14,8 @@ from tests.conftest import tiny_job
 from tests.service import Service, serving
 from tests.test_limits_api import peak_rss, reset_peak
 from tests.test_uploads import iris_csv
-from trainyard.app import errors, uploads
+from trainyard.app import uploads
+from trainyard.app.core import errors
 from trainyard.worker import dataset_cache
 
 pytestmark = pytest.mark.slow

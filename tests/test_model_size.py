@@ -2,8 +2,8 @@
 import pytest
 import torchvision
 
-from trainyard.app.model_size import TORCHVISION_PARAMS, parameter_count
 from trainyard.app.spec import TORCHVISION_ARCHS, ModelSpec
+from trainyard.app.spec.model_size import TORCHVISION_PARAMS, parameter_count
 from trainyard.worker import nets
 
 

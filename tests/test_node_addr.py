@@ -7,7 +7,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from trainyard.app.settings import Settings
+from trainyard.app.core.settings import Settings
 
 
 @pytest.mark.parametrize("addr", ["10.0.0.5", "gpu-3.lan", "fd00::1", "[fd00::1]", "node7"])

@@ -17,7 +17,7 @@ from openapi_spec_validator import validate
 
 from tests.conftest import tiny_job
 from tests.service import TERMINAL, serving
-from trainyard.app import devices_payload, nvml
+from trainyard.app.fleet import devices_payload, nvml
 
 TOKEN = "s3cret-openapi"
 # Each route's operation id: generated clients name their methods by it, so a change breaks their users.

@@ -5,8 +5,9 @@ from dataclasses import replace
 import pytest
 
 from tests.conftest import tiny_job
-from trainyard.app import migrate, placement, queue, submit, waiting
-from trainyard.app.db import make_engine
+from trainyard.app.db import make_engine, migrate
+from trainyard.app.fleet import placement, waiting
+from trainyard.app.jobs import queue, submit
 from trainyard.app.spec import parse_spec
 
 H100, L4 = 85_520_809_984, 23_034_069_504
@@ -96,8 +97,8 @@ def test_each_job_on_a_gpu_is_counted_with_headroom_for_its_cuda_context(engine)
 
 
 def test_gpu_workers_claim_with_the_configured_headroom(tmp_path):
-    from trainyard.app.settings import Settings
-    from trainyard.worker.main import Worker
+    from trainyard.app.core.settings import Settings
+    from trainyard.worker.supervisor.main import Worker
     reading = {"device_uuid": "GPU-aaaa", "gpus": [{"uuid": "GPU-aaaa", "memory_total": H100}]}
     for headroom in (1 << 30, 0):
         w = Worker(Settings(data_dir=tmp_path, gpu_context_headroom_bytes=headroom), device="cpu")

@@ -1,4 +1,4 @@
-"""Priority preemption (app/preemption.py): the choice on both databases (the minimum run time, an idle worker,
+"""Priority preemption (app/fleet/preemption.py): the choice on both databases (the minimum run time, an idle worker,
 never a job of the same priority and project, a project under its share taking a device from one over it), and
 over HTTP with a real worker: a priority-10 job starts within the grace period + 2 s by preempting a running
 job, which checkpoints, is requeued without using an attempt and ends with the weights of an uninterrupted run."""
@@ -10,11 +10,14 @@ from sqlalchemy import select, update
 
 from tests.conftest import BACKENDS, fresh_database, slow_job, tiny_job
 from tests.service import FAST_ENV, Service
-from trainyard.app import accounts, audit, preemption, queue, workers
+from trainyard.app import accounts
+from trainyard.app.accounts import audit
+from trainyard.app.core.settings import Settings
 from trainyard.app.db import jobs, read, write
-from trainyard.app.settings import Settings
+from trainyard.app.fleet import preemption, workers
+from trainyard.app.jobs import queue
+from trainyard.app.jobs.submit import enqueue
 from trainyard.app.spec import parse_spec
-from trainyard.app.submit import enqueue
 
 SETTINGS = Settings(preempt_min_run_s=60, lease_s=30)
 

@@ -1,4 +1,5 @@
-"""A claimed job's plan on its host (worker/prepare.py): its share of the cores this worker may use, and, for a job
+"""A claimed job's plan on its host (worker/supervisor/prepare.py): its share of the cores this worker may use, and,
+for a job
 across hosts, which ranks run here and where they meet."""
 import os
 from dataclasses import replace
@@ -7,8 +8,8 @@ import pytest
 
 from tests.conftest import tiny_job
 from tests.test_runner import job_record
-from trainyard.app.settings import Settings
-from trainyard.worker import prepare
+from trainyard.app.core.settings import Settings
+from trainyard.worker.supervisor import prepare
 
 
 def plan(tmp_path, job, node="hostB", cpu_workers=1):

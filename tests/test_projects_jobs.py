@@ -13,7 +13,8 @@ import pytest
 from tests.conftest import BACKENDS, fresh_database, tiny_job
 from tests.service import TERMINAL, Service
 from tests.teams import make_team, service_engine
-from trainyard.app import accounts, audit
+from trainyard.app import accounts
+from trainyard.app.accounts import audit
 
 pytestmark = pytest.mark.slow  # starts the real server and a worker
 

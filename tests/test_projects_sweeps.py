@@ -13,11 +13,14 @@ from sqlalchemy import select
 from tests.conftest import on_both_backends, tiny_job
 from tests.teams import make_team, service_engine
 from tests.test_uploads import iris_csv
-from trainyard.app import accounts, audit, sweep_reads, sweep_store, uploads
+from trainyard.app import accounts, uploads
+from trainyard.app.accounts import audit
+from trainyard.app.core.errors import NotFound
+from trainyard.app.core.settings import Settings
 from trainyard.app.db import jobs, projects, read
-from trainyard.app.errors import NotFound
-from trainyard.app.settings import Settings
+from trainyard.app.records import sweep_reads
 from trainyard.app.spec import SweepSpec
+from trainyard.app.sweeps import sweep_store
 
 service_backend = on_both_backends()
 MISSING = 2**31 - 1  # an id never given (MAX_ID itself is a 500 on PostgreSQL: its id columns are int4)

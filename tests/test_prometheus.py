@@ -1,6 +1,6 @@
 """Prometheus metrics that alert right: every exposition parses (prometheus_client's own parser), counters and
 the duration histogram only go up across retries, cancels and deletions (they are kept in the database
-with the events they count, app/counters.py), and the gauges say what an operator alerts on: the queue
+with the events they count, app/db/counting.py), and the gauges say what an operator alerts on: the queue
 by device and reason class, the oldest queued job's age, workers' heartbeat age."""
 import time
 
@@ -9,11 +9,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import delete, update
 
 from tests.conftest import on_both_backends, slow_job, tiny_job
-from trainyard.app import metrics, queue, submit
-from trainyard.app import workers as registry
+from trainyard.app.core.states import Failure, error_record
 from trainyard.app.db import jobs, write
+from trainyard.app.fleet import workers as registry
+from trainyard.app.jobs import queue, submit
+from trainyard.app.observe import prometheus
 from trainyard.app.spec import parse_spec
-from trainyard.app.states import Failure, error_record
 
 service_backend = on_both_backends()
 
@@ -137,7 +138,7 @@ SPEC = {"kind": "train", "model": {"arch": "mlp"}, "data": {"dataset": "iris"}, 
 
 
 def render(engine) -> tuple[dict[str, str], Samples]:
-    return parse(metrics.render(metrics.registry(engine, stale_after_s=30)).decode())
+    return parse(prometheus.render(prometheus.registry(engine, stale_after_s=30)).decode())
 
 
 def test_counters_outlive_the_rows_they_counted_and_count_lost_leases(engine):
@@ -174,7 +175,7 @@ def test_counters_outlive_the_rows_they_counted_and_count_lost_leases(engine):
 
 
 def test_the_queue_by_device_and_reason_class_and_its_oldest_age(engine):
-    """The reason label is a class of app/waiting.py's answer (bounded), not its free text; a retried job's
+    """The reason label is a class of app/fleet/waiting.py's answer (bounded), not its free text; a retried job's
     age counts from its retry, not from its submit."""
     cpu, _ = submit.enqueue(engine, parse_spec(SPEC))
     submit.enqueue(engine, parse_spec({**SPEC, "device": "cuda"}))

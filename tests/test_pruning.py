@@ -15,12 +15,14 @@ from tests.conftest import tiny_job
 from tests.service import ROOT, serving
 from tests.test_search import run_trial, sweep_spec
 from tests.test_sweeps import start, wait_sweep
-from trainyard.app import job_reads, migrate, queue, search, sweep_reads, sweep_results, sweep_store
-from trainyard.app.db import jobs, make_engine, write
-from trainyard.app.settings import Settings
+from trainyard.app.core.settings import Settings
+from trainyard.app.core.states import Failure, error_record
+from trainyard.app.db import jobs, make_engine, migrate, write
+from trainyard.app.jobs import queue
+from trainyard.app.jobs.submit import enqueue
+from trainyard.app.records import job_reads, sweep_reads, sweep_results
 from trainyard.app.spec import parse_spec
-from trainyard.app.states import Failure, error_record
-from trainyard.app.submit import enqueue
+from trainyard.app.sweeps import search, sweep_store
 
 WHY = error_record(Failure.PRUNED, "Pruned", "pruned at epoch 2: test")
 

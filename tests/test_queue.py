@@ -6,10 +6,12 @@ import pytest
 from sqlalchemy import func, select
 
 from tests.conftest import IRIS_JOB, tiny_job
-from trainyard.app import errors, job_reads, migrate, queue
-from trainyard.app.db import make_engine
+from trainyard.app.core import errors
+from trainyard.app.db import make_engine, migrate
+from trainyard.app.jobs import queue
+from trainyard.app.jobs.submit import enqueue
+from trainyard.app.records import job_reads
 from trainyard.app.spec import parse_spec
-from trainyard.app.submit import enqueue
 
 
 def submit(engine, body=None, key=None, **over):
@@ -21,9 +23,9 @@ def test_a_claim_in_progress_is_waited_for_not_skipped_past(engine):
     """While one worker's claim looks at a multi-device head it cannot start yet, another worker's claim
     waits for it and then sees that same head: it never skips the head (as row locks with SKIP LOCKED
     would let it) and overtakes it with a job submitted later."""
-    from trainyard.app import workers
     from trainyard.app.db import jobs, write
-    from trainyard.app.placement import Slot
+    from trainyard.app.fleet import workers
+    from trainyard.app.fleet.placement import Slot
     for w in ("a", "b"):
         workers.register_worker(engine, w, "h", 1, "cpu", {})
     wide = submit(engine, devices=2)
@@ -54,7 +56,7 @@ def test_claim_order_priority_then_oldest(engine):
 
 
 def test_a_draining_worker_claims_nothing_until_undrained(engine):
-    from trainyard.app import workers
+    from trainyard.app.fleet import workers
     job = submit(engine)
     for w in ("a", "b"):
         workers.register_worker(engine, w, "host", 1, "cpu", {})
@@ -72,7 +74,7 @@ def test_a_draining_worker_claims_nothing_until_undrained(engine):
 
 def test_jobs_that_state_their_gpu_memory_share_a_device_within_its_budget(engine):
     """Three workers on one 10 GB device (one slot key); jobs placed in order, without backfill."""
-    from trainyard.app.placement import Slot
+    from trainyard.app.fleet.placement import Slot
     gpu = Slot("GPU-aaaa", budget=10 * 10**9)
     mem = dict(device="auto")
     too_big = submit(engine, **mem, resources={"gpu_memory_gb": 20})   # never fits here: skipped, not waited for
@@ -98,9 +100,9 @@ def test_a_head_another_worker_is_reading_is_still_the_head(engine):
     """A row lock on the head (a multi-device job that cannot start yet), such as another worker's has_work
     read took for the length of its statement, does not make a claim look past it and start a later job
     first (with FOR UPDATE SKIP LOCKED in the head's query it did, under the full suite's load)."""
-    from trainyard.app import workers
     from trainyard.app.db import jobs, write
-    from trainyard.app.placement import Slot
+    from trainyard.app.fleet import workers
+    from trainyard.app.fleet.placement import Slot
     for w in ("a", "b"):
         workers.register_worker(engine, w, "h", 1, "cpu", {})
     small = submit(engine)
@@ -119,8 +121,8 @@ def test_a_head_another_worker_is_reading_is_still_the_head(engine):
 def test_a_multi_device_job_borrows_idle_workers_of_its_host_and_kind(engine):
     """Gang claim: one claim takes the job and lends it idle workers of the same host and kind; the lent
     workers claim nothing while that run lasts; a job on N devices waits, without backfill, until N are idle."""
-    from trainyard.app import workers
-    from trainyard.app.placement import Slot
+    from trainyard.app.fleet import workers
+    from trainyard.app.fleet.placement import Slot
     for w, host, device in (("a", "h1", "cpu"), ("b", "h1", "cpu"), ("c", "h1", "cpu"), ("g", "h1", "cuda:0"),
                             ("x", "h2", "cpu")):
         workers.register_worker(engine, w, host, 1, device, {})
@@ -154,8 +156,8 @@ def test_a_multi_device_job_borrows_idle_workers_of_its_host_and_kind(engine):
 
 
 def test_a_multi_device_job_takes_distinct_idle_gpus_and_no_draining_worker(engine):
-    from trainyard.app import workers
-    from trainyard.app.placement import Slot
+    from trainyard.app.fleet import workers
+    from trainyard.app.fleet.placement import Slot
     for w, device, uuid in (("g0", "cuda:0", "GPU-0"), ("g0b", "cuda:0", "GPU-0"), ("g1", "cuda:1", "GPU-1"),
                             ("g2", "cuda:2", "GPU-2")):
         workers.register_worker(engine, w, "h", 1, device, {"slot": {"key": uuid}})
@@ -174,7 +176,7 @@ def test_a_multi_device_job_takes_distinct_idle_gpus_and_no_draining_worker(engi
 
 
 def test_a_worker_that_offers_no_device_memory_takes_no_job_that_states_some(engine):
-    from trainyard.app.placement import Slot
+    from trainyard.app.fleet.placement import Slot
     job = submit(engine, device="auto", resources={"gpu_memory_gb": 1})
     assert queue.claim(engine, "w", "cuda:0", 10) is None
     assert queue.claim(engine, "w", "cpu", 10, None, Slot("w", None)) is None

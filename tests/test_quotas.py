@@ -1,5 +1,5 @@
-"""A project's limits at submit (app/quotas.py) and its stored bytes as the collector measures them
-(app/project_storage.py), on both databases: past queued_jobs, running_sweeps or stored_bytes a submit is
+"""A project's limits at submit (app/accounts/quotas.py) and its stored bytes as the collector measures them
+(app/lifecycle/project_storage.py), on both databases: past queued_jobs, running_sweeps or stored_bytes a submit is
 refused (409) naming the limit, through the paths that submit (the insert of a job and a batch, a retry, a sweep's,
 an upload's); a sweep's trials, other projects, admins and requests of no project are not held back; each kept
 object counts for its job's or its upload's project. Over HTTP with the real server and a worker (slow): ann's
@@ -15,13 +15,16 @@ from sqlalchemy import delete, insert, select, update
 from tests.conftest import tiny_job
 from tests.service import TERMINAL, Service
 from tests.teams import make_team
-from trainyard.app import accounts, collector, project_storage, queue, quotas, sweep_admission
-from trainyard.app.accounts import ADMIN, Principal
+from trainyard.app import accounts
+from trainyard.app.accounts import ADMIN, Principal, quotas
+from trainyard.app.core.errors import Conflict
+from trainyard.app.core.settings import Settings
 from trainyard.app.db import jobs, project_usage, read, sweeps, write
-from trainyard.app.errors import Conflict
-from trainyard.app.settings import Settings
+from trainyard.app.jobs import queue
+from trainyard.app.jobs.submit import enqueue, enqueue_many
+from trainyard.app.lifecycle import collector, project_storage
 from trainyard.app.spec import SweepSpec, parse_spec
-from trainyard.app.submit import enqueue, enqueue_many
+from trainyard.app.sweeps import sweep_admission
 
 GRID = {"job": tiny_job(epochs=1), "method": "grid", "max_concurrent": 1, "metric": "val_loss",
         "parameters": {"train.lr": {"type": "choice", "values": [0.01]}}}

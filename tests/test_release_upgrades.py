@@ -17,9 +17,10 @@ from sqlalchemy import text
 
 from bench.common import postgres_schema
 from tests.service import ROOT, Service
-from trainyard.app import job_reads, migrate, queue
-from trainyard.app.db import make_engine, metadata
-from trainyard.app.migrate_releases import SchemaUnknown
+from trainyard.app.db import make_engine, metadata, migrate
+from trainyard.app.db.migrate_releases import SchemaUnknown
+from trainyard.app.jobs import queue
+from trainyard.app.records import job_reads
 
 RELEASES = Path(__file__).parent / "fixtures" / "releases"
 FIXTURES = sorted(p.name.split(".")[0] for p in RELEASES.glob("*.postgresql.sql"))

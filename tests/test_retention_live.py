@@ -1,4 +1,5 @@
-"""Retention and the collector beside real workers (app/retention.py, app/collector.py): passes run by this process
+"""Retention and the collector beside real workers (app/lifecycle/retention.py, app/lifecycle/collector.py): passes
+run by this process
 (collector.collect, against the service's own database and store) while jobs checkpoint, after a worker is killed,
 after a sweep ends and while a predict job waits for its model. Whatever a pass removes, no job loses what it
 resumes from or predicts with, and a pass after the work leaves exactly what the rows reference.
@@ -20,10 +21,10 @@ from sqlalchemy.engine import Engine
 from bench.common import postgres_schema
 from tests.conftest import tiny_job
 from tests.service import Service, probe_plugin, run_job
-from trainyard.app import collector
+from trainyard.app.core.settings import Settings
+from trainyard.app.core.storage import Store
 from trainyard.app.db import jobs, make_engine, read
-from trainyard.app.settings import Settings
-from trainyard.app.storage import Store
+from trainyard.app.lifecycle import collector
 
 pytestmark = pytest.mark.slow
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

@@ -3,11 +3,11 @@ import pytest
 import torch
 
 from tests.conftest import tiny_job
+from trainyard.app.core.states import JobState
 from trainyard.app.records import Job
-from trainyard.app.states import JobState
 from trainyard.worker import runner, train
 from trainyard.worker.errors import JobError, Preempted
-from trainyard.worker.plan import JobPlan
+from trainyard.worker.supervisor.plan import JobPlan
 
 
 def job_record(spec: dict, job_id: int = 1) -> Job:
@@ -70,8 +70,8 @@ def test_a_spec_the_worker_cannot_parse_is_the_jobs_error(tmp_path):
 
 
 def test_worker_device_flag_is_validated(tmp_path):
-    from trainyard.app.settings import Settings
-    from trainyard.worker.main import Worker, main
+    from trainyard.app.core.settings import Settings
+    from trainyard.worker.supervisor.main import Worker, main
     settings = Settings(data_dir=tmp_path)
     assert Worker(settings, "cpu").device == "cpu" and Worker(settings, "cuda:3").device == "cuda:3"
     for bad in ("tpu:0", "cuda:", "gpu", ""):

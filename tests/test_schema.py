@@ -15,8 +15,7 @@ from alembic.runtime.migration import MigrationContext
 
 from bench.common import postgres_schema
 from tests.service import ROOT, Service
-from trainyard.app import migrate
-from trainyard.app.db import make_engine, metadata
+from trainyard.app.db import make_engine, metadata, migrate
 
 FIXTURE = Path(__file__).parent / "fixtures" / "release-8399c49"
 

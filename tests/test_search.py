@@ -12,13 +12,14 @@ from sqlalchemy import event, func, select
 
 from bench.sweep_pass import Work, running_sweeps
 from tests.conftest import tiny_job
-from trainyard.app import job_reads, queue, search, submit, sweep_admission, sweep_reads, sweep_results, sweep_store
+from trainyard.app.core.errors import Invalid
+from trainyard.app.core.settings import Settings
 from trainyard.app.db import jobs, sweep_log, sweeps
-from trainyard.app.errors import Invalid
-from trainyard.app.records import Job
-from trainyard.app.settings import Settings
+from trainyard.app.jobs import queue, submit
+from trainyard.app.records import Job, job_reads, sweep_reads, sweep_results
 from trainyard.app.spec import INTEGER, NUMBER, OTHER, SweepSpec, field_kind, with_params
-from trainyard.app.study import ENCODING, INDEX, STUDY, Journal, LostSweep, distributions
+from trainyard.app.sweeps import search, sweep_admission, sweep_store
+from trainyard.app.sweeps.study import ENCODING, INDEX, STUDY, Journal, LostSweep, distributions
 
 
 @pytest.fixture

@@ -1,14 +1,15 @@
 """Jobs across hosts, as the queue and the placement see them: the spec's shape, the claim that borrows workers
 of several hosts in one transaction, why such a job waits, which worker runs which host's ranks, and how rank
-0's worker learns that a host is gone (app/spread.py), on each backend (`engine`). The same on hosts of their own:
+0's worker learns that a host is gone (app/fleet/spread.py), on each backend (`engine`). The same on hosts of their own:
 tests/test_hosts_netns.py."""
 import pytest
 from sqlalchemy import update
 
 from tests.conftest import tiny_job
-from trainyard.app import placement, queue, spread, submit, waiting
-from trainyard.app import workers as registry
 from trainyard.app.db import workers, write
+from trainyard.app.fleet import placement, spread, waiting
+from trainyard.app.fleet import workers as registry
+from trainyard.app.jobs import queue, submit
 from trainyard.app.spec import parse_spec
 
 LEASE = 10.0

@@ -1,4 +1,4 @@
-"""The store (app/storage.py) against the data directory and against a real S3 protocol server (moto's),
+"""The store (app/core/storage.py) against the data directory and against a real S3 protocol server (moto's),
 and uploads kept in a bucket as two hosts see them."""
 import io
 import os
@@ -9,10 +9,11 @@ import pytest
 from tests.conftest import tiny_job
 from tests.service import free_port
 from tests.test_runner import run_job
-from trainyard.app import storage, uploads
-from trainyard.app.errors import Invalid, NotFound, Unavailable
-from trainyard.app.layout import Layout
-from trainyard.app.settings import Settings
+from trainyard.app import uploads
+from trainyard.app.core import storage
+from trainyard.app.core.errors import Invalid, NotFound, Unavailable
+from trainyard.app.core.layout import Layout
+from trainyard.app.core.settings import Settings
 
 IRIS_CSV = b"a,b,species\n" + b"".join(f"{i % 7}.0,{i % 5}.5,{'xyz'[i % 3]}\n".encode() for i in range(60))
 

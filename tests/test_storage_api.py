@@ -17,9 +17,9 @@ from tests.service import serving
 from tests.test_openapi import conforms
 from tests.test_prometheus import parse, value
 from trainyard.app.client import APIError, Client
-from trainyard.app.collector import KINDS
+from trainyard.app.core.layout import EXPORT_FILES
 from trainyard.app.db import jobs, make_engine, write
-from trainyard.app.layout import EXPORT_FILES
+from trainyard.app.lifecycle.collector import KINDS
 
 pytestmark = pytest.mark.slow  # the real server and a CPU worker
 

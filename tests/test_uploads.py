@@ -10,7 +10,8 @@ from PIL import Image
 
 from tests.conftest import IRIS_JOB
 from tests.service import ROOT, serving
-from trainyard.app import errors, uploads
+from trainyard.app import uploads
+from trainyard.app.core import errors
 
 pytestmark = pytest.mark.slow  # starts the real server and workers
 

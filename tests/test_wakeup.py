@@ -11,8 +11,9 @@ import pytest
 from sqlalchemy import insert
 
 from tests.conftest import tiny_job
-from trainyard.app import submit, wakeup, workers
-from trainyard.app.db import jobs, write
+from trainyard.app.db import jobs, wakeup, write
+from trainyard.app.fleet import workers
+from trainyard.app.jobs import submit
 from trainyard.app.spec import parse_spec
 
 

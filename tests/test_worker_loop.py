@@ -3,12 +3,12 @@ a job can have. Job processes are real (forked from the worker's fork server); n
 import pytest
 
 from tests.conftest import slow_job, tiny_job
-from trainyard.app import job_reads, migrate
-from trainyard.app.db import make_engine
-from trainyard.app.settings import Settings
+from trainyard.app.core.settings import Settings
+from trainyard.app.db import make_engine, migrate
+from trainyard.app.jobs.submit import enqueue
+from trainyard.app.records import job_reads
 from trainyard.app.spec import parse_spec
-from trainyard.app.submit import enqueue
-from trainyard.worker.main import Worker
+from trainyard.worker.supervisor.main import Worker
 
 
 @pytest.fixture

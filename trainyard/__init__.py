@@ -9,7 +9,7 @@ top-level folders app/ and worker/, reached through the links trainyard/app and 
 """
 from trainyard.app import __version__
 from trainyard.app.client import APIError, Client
-from trainyard.app.client_models import Dataset, Event, Job, Page, Sweep, Worker
+from trainyard.app.client.models import Dataset, Event, Job, Page, Sweep, Worker
 
 
 def __getattr__(name: str):

@@ -17,7 +17,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from trainyard.app.layout import ARTIFACT_FILES
+from trainyard.app.core.layout import ARTIFACT_FILES
 from trainyard.app.spec import ModelSpec
 from trainyard.worker import nets
 

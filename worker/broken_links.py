@@ -27,16 +27,21 @@ def is_broken_link(exc: BaseException) -> bool:
     """The error a collective or the store raises when another rank's process, or its link, went away: torch's
     network and store errors by type (DistNetworkError, DistStoreError), NCCL's by the code they name, gloo's by
     the transport they come from. On one host as across hosts, the job's fault it is not (`infrastructure`)."""
-    import torch.distributed as dist  # here: the supervisor reads aborted_by_watchdog() without torch
     text = str(exc)
     codes = set(_NCCL_CODE.findall(text))
     if codes & NCCL_LINK_ERRORS:
         return True
     if codes:
         return False
-    if isinstance(exc, dist.DistError):  # DistBackendError naming no NCCL code: a watchdog timeout, an abort
+    if _is_dist_error(exc):  # DistBackendError naming no NCCL code: a watchdog timeout, an abort
         return True
     return isinstance(exc, RuntimeError) and (NCCL_ABORTED in text or GLOO_TRANSPORT in text)
+
+
+def _is_dist_error(exc: BaseException) -> bool:
+    """isinstance(exc, torch.distributed.DistError), read from the class's ancestry: this module stays torch-free
+    (the supervisor imports it for aborted_by_watchdog; pyproject.toml's supervisor-torch-free contract)."""
+    return any(c.__name__ == "DistError" and c.__module__.startswith("torch") for c in type(exc).__mro__)
 
 
 def aborted_by_watchdog(output: str) -> bool:

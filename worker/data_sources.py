@@ -11,9 +11,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from trainyard.app import plugins
-from trainyard.app.errors import NotFound
-from trainyard.app.layout import UPLOAD_DATA_FILE, UPLOAD_META_FILE, Layout, locked
+from trainyard.app.core import plugins
+from trainyard.app.core.errors import NotFound
+from trainyard.app.core.layout import UPLOAD_DATA_FILE, UPLOAD_META_FILE, Layout, locked
 from trainyard.app.spec import UPLOAD_PREFIX, DataSpec
 from trainyard.worker.dataset_cache import cache_read, cache_write
 from trainyard.worker.errors import JobError

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from trainyard.app.settings import get_settings
+from trainyard.app.core.settings import get_settings
 from trainyard.worker.artifacts import atomic_torch_save
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainyard.app.states import Failure, error_record
+from trainyard.app.core.states import Failure, error_record
 from trainyard.worker.errors import RankMessageRefused, RendezvousFailed
 
 PR_SET_PDEATHSIG = 1

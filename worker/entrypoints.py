@@ -3,7 +3,7 @@ trainyard's guarantees (the Context in worker/public_context.py carries them).""
 import json
 from typing import Any
 
-from trainyard.app import plugins
+from trainyard.app.core import plugins
 from trainyard.app.spec import RunJob
 from trainyard.worker.errors import JobError, Preempted
 from trainyard.worker.job_context import JobContext

@@ -4,7 +4,7 @@ Owns the torch side of GET /jobs/{id}/artifact?format=onnx|pt2|torchscript. The 
 from its artifact (safetensors weights: nothing is unpickled) and wrapped in RawInputs, which does
 what a predict job does to its `inputs` rows (reshape, the training data's normalisation, softmax),
 so the exported file turns the same raw rows into the same class probabilities. One file is
-written atomically. The API (app/exports.py) runs this module in a subprocess on the CPU,
+written atomically. The API (app/jobs/exports.py) runs this module in a subprocess on the CPU,
 
     python -m trainyard.worker.export ARTIFACT_DIR FORMAT OUT
 
@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainyard.app.exports import MISSING_EXTRA, NOT_REBUILDABLE, why_not_rebuildable
-from trainyard.app.layout import EXPORT_FILES
+from trainyard.app.core.layout import EXPORT_FILES
+from trainyard.app.jobs.exports import MISSING_EXTRA, NOT_REBUILDABLE, why_not_rebuildable
 from trainyard.app.spec import TrainJob
 from trainyard.worker import artifacts, data, infer
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainyard.app.layout import RESULT_FILE
+from trainyard.app.core.layout import RESULT_FILE
 from trainyard.app.spec import PredictJob, TrainJob
 from trainyard.worker import artifacts, data, torch_devices
 from trainyard.worker.errors import JobError

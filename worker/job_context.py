@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from trainyard.app.storage import Store
+from trainyard.app.core.storage import Store
 from trainyard.worker import artifacts
 from trainyard.worker.distributed import World
 
@@ -32,7 +32,7 @@ class JobContext:
     stop_requested: Callable[[], bool] = lambda: False
     # This process's rank among a multi-device job's processes (rank 0 alone reports, checkpoints, saves).
     world: World = field(default_factory=World)
-    # Where checkpoints and the artifact are published for other hosts (app/storage.py); None: nowhere else.
+    # Where checkpoints and the artifact are published for other hosts (app/core/storage.py); None: nowhere else.
     store: Store | None = None
     # train: the artifact of the job named by init_from (worker/starting.py loads it).
     init_dir: Path | None = None

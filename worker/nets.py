@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainyard.app import plugins
+from trainyard.app.core import plugins
 from trainyard.app.spec import TORCHVISION_ARCHS, ModelSpec
 from trainyard.worker.errors import JobError
 

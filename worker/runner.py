@@ -25,15 +25,16 @@ from typing import Any
 
 import torch
 
-from trainyard.app import storage
-from trainyard.app.errors import Unavailable
-from trainyard.app.layout import Layout
+from trainyard.app.core import storage
+from trainyard.app.core.errors import Unavailable
+from trainyard.app.core.layout import Layout
+from trainyard.app.core.states import DEVICE_FAILURE, Failure, error_record
 from trainyard.app.spec import PredictJob, RunJob, TrainJob, parse_spec
-from trainyard.app.states import DEVICE_FAILURE, Failure, error_record
-from trainyard.worker import broken_links, distributed, entrypoints, infer, memory, reaper, torch_devices, train
+from trainyard.worker import broken_links, distributed, entrypoints, infer, torch_devices, train
 from trainyard.worker.errors import JobError, Preempted, RendezvousFailed
 from trainyard.worker.job_context import JobContext
-from trainyard.worker.plan import JobPlan
+from trainyard.worker.supervisor import memory, reaper
+from trainyard.worker.supervisor.plan import JobPlan
 
 _stop = False
 

@@ -1,5 +1,5 @@
 """The fork server's preload: importing this module does torch's lazy imports up front, and makes
-the fork server the keeper of its jobs' orphans (worker/reaper.py).
+the fork server the keeper of its jobs' orphans (worker/supervisor/reaper.py).
 
 The fork server preloads it so that every job process, forked from there, starts with them done
 (the first optimizer pulls in torch._dynamo: ~1.5 s). It only imports: running a tensor op here
@@ -13,7 +13,7 @@ import torch._dynamo
 import torch.optim  # noqa: F401
 import torchvision  # noqa: F401
 
-from trainyard.worker import reaper
+from trainyard.worker.supervisor import reaper
 
 reaper.set_up_fork_server()
 # What is preloaded lives as long as the fork server and every job forked from it: out of the cycle

@@ -1,5 +1,5 @@
 """The HTTP server's app factory: `create_app` wires the routes, the request guard and the error mapping,
-and its lifespan opens the database and starts the background duties (app/api/background.py)."""
+and its lifespan opens the database and starts the background duties (app/duties/loops.py)."""
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -7,16 +7,18 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.routing import APIRoute
 
-from trainyard.app import __version__, metrics, migrate
-from trainyard.app.api import background, errors, openapi
+from trainyard.app import __version__
+from trainyard.app.api import errors, openapi
 from trainyard.app.api.deps import require_token
 from trainyard.app.api.guard import RequestGuard
 from trainyard.app.api.reads import LoopReader
 from trainyard.app.api.routes import admin, dashboard, datasets, events, job_files, jobs, storage, sweeps, system
 from trainyard.app.api.schemas import UNAUTHORIZED
 from trainyard.app.api.streams import StreamSlots, SweepHub
-from trainyard.app.db import make_engine
-from trainyard.app.settings import Settings, get_settings
+from trainyard.app.core.settings import Settings, get_settings
+from trainyard.app.db import make_engine, migrate
+from trainyard.app.duties import loops
+from trainyard.app.observe import prometheus
 
 
 class Api(FastAPI):
@@ -51,9 +53,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.streams = StreamSlots(settings.max_event_streams, settings.max_event_streams_per_target,
                                         settings.per_project("max_event_streams"))
         app.state.sweep_hub = SweepHub(partial(sweeps.watched, engine), sweeps.EVENTS_POLL_S)
-        app.state.metrics_registry = metrics.registry(engine, settings.lease_s, settings.node)
-        # The lease reaper and the sweeps' driver (app/api/background.py); routes poke the searcher.
-        duties = background.Duties(engine, settings)
+        app.state.metrics_registry = prometheus.registry(engine, settings.lease_s, settings.node)
+        # The lease reaper and the sweeps' driver (app/duties/loops.py); routes poke the searcher.
+        duties = loops.Duties(engine, settings)
         app.state.searcher = duties.searcher
         duties.start()
         yield

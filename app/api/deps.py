@@ -7,10 +7,11 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.engine import Engine
 
-from trainyard.app import accounts, operator_token, sessions
-from trainyard.app.accounts import Principal
+from trainyard.app import accounts
+from trainyard.app.accounts import Principal, signins
 from trainyard.app.api.reads import LoopReader
-from trainyard.app.settings import Settings
+from trainyard.app.core import operator_token
+from trainyard.app.core.settings import Settings
 
 
 # These are `async def` although they never await: a plain `def` dependency costs each request a
@@ -27,7 +28,8 @@ async def get_reader(request: Request) -> LoopReader:
     return request.app.state.reader
 
 
-# The dashboard's session: its id (app/sessions.py; never the token it signed in with), in an HttpOnly cookie its
+# The dashboard's session: its id (app/accounts/signins.py; never the token it signed in with), in an HttpOnly
+# cookie its
 # script cannot read (app/api/routes/dashboard.py sets it). Read only when no Authorization header is sent.
 COOKIE = "trainyard_token"
 # Declared as an OpenAPI security scheme: /docs gets an Authorize button, generated clients a token.
@@ -53,12 +55,12 @@ async def cookie_principal(request: Request) -> Principal | None:
         return None
     configured = request.app.state.settings.api_token
     root = accounts.digest(configured) if configured else None
-    return await request.app.state.reader.run(lambda engine: sessions.principal(engine, session, root))
+    return await request.app.state.reader.run(lambda engine: signins.principal(engine, session, root))
 
 
 async def require_token(request: Request,
                         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
-    """Who the request acts as (app/accounts.py): the token's principal. A token sent and not known is a 401,
+    """Who the request acts as (app/accounts/__init__.py): the token's principal. A token sent and not known is a 401,
     whatever the server's mode. With no TRAINYARD_API_TOKEN, a request sending none acts as the admin only when
     it comes from this machine (at_the_machine); anyone else gets 401. FastAPI computes it once per request,
     so a route that asks for WhoDep gets the router's answer."""

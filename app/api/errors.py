@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trainyard.app.api.field_names import did_you_mean
-from trainyard.app.errors import StorageFull, TrainyardError, Unavailable
+from trainyard.app.core.errors import StorageFull, TrainyardError, Unavailable
 
 log = logging.getLogger("trainyard.api")
 

@@ -5,9 +5,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 
-from trainyard.app.job_summaries import spec_summary
+from trainyard.app.core.states import Failure, JobState
 from trainyard.app.records import Job
-from trainyard.app.states import Failure, JobState
+from trainyard.app.records.job_summaries import spec_summary
 
 # Result keys that can be large. They live in a file beside the job's run (GET /jobs/{id}/result);
 # rows written before that held them inline, and still show only a count.

@@ -6,15 +6,15 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from trainyard.app.accounts import MAX_EXPIRES_S
+from trainyard.app.accounts.project_limits import BOUNDS, MAX_SHARE
 from trainyard.app.api.schemas import ErrorPublic
-from trainyard.app.project_limits import BOUNDS, MAX_SHARE
 
 NAME = Field(max_length=100, description="lowercase letters, digits, '_', '.', '-', starting with a letter")
 FORBIDDEN: dict[int | str, dict[str, Any]] = {403: {
     "model": ErrorPublic,
     "description": "the token is not an admin's (or, for a change, the request came from another web origin)"}}
 
-# Each limit within its bound (app/project_limits.py): what the database and the SQL that uses it can hold.
+# Each limit within its bound (app/accounts/project_limits.py): what the database and the SQL that uses it can hold.
 Devices = Annotated[int, Field(ge=0, le=BOUNDS["devices"].most)]
 QueuedJobs = Annotated[int, Field(ge=0, le=BOUNDS["queued_jobs"].most)]
 RunningSweeps = Annotated[int, Field(ge=0, le=BOUNDS["running_sweeps"].most)]
@@ -24,10 +24,11 @@ MaxPriority = Annotated[int, Field(ge=-1000, le=1000)]  # the range of a job's p
 
 
 class Limits(BaseModel):
-    """A project's limits: only these keys, each a number >= 0 within its bound (app/project_limits.py: what the
+    """A project's limits: only these keys, each a number >= 0 within its bound (app/accounts/project_limits.py: what
+    the
     database and the claim's SQL can hold; null, in a PATCH, removes it), max_priority a priority (-1000..1000).
-    devices and gpu_memory_gb hold its jobs back at the claim (app/fair_share.py), the others refuse its submits
-    (app/quotas.py)."""
+    devices and gpu_memory_gb hold its jobs back at the claim (app/fleet/fair_share.py), the others refuse its submits
+    (app/accounts/quotas.py)."""
     model_config = ConfigDict(extra="forbid", strict=True)
     devices: Devices | None = Field(None, description="devices its running jobs may hold at once")
     gpu_memory_gb: GpuMemoryGb | None = Field(None, description="GPU memory its running jobs may ask for at once, "

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainyard.app.states import JobState
+from trainyard.app.core.states import JobState
 
 OPEN = ConfigDict(extra="allow")
 

@@ -6,9 +6,9 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from trainyard.app.api.schemas import ts
+from trainyard.app.core.states import JobState, SweepState
 from trainyard.app.records import Job
-from trainyard.app.states import JobState, SweepState
-from trainyard.app.sweep_results import best_trial, counts, failure, summary, trial_value
+from trainyard.app.records.sweep_results import best_trial, counts, failure, summary, trial_value
 
 
 class TrialPublic(BaseModel):

@@ -28,8 +28,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import ServerSentEvent
 
 from trainyard.app.accounts import Principal
-from trainyard.app.errors import Invalid, Unavailable
-from trainyard.app.states import JobState
+from trainyard.app.core.errors import Invalid, Unavailable
+from trainyard.app.core.states import JobState
 
 log = logging.getLogger("trainyard.api")
 # How long a watched sweep is still read after its last stream closed: a client that reconnects within it

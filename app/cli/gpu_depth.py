@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from trainyard.app.cli.gpu_steps import artifact, failed, main, started, weights_apart
-from trainyard.app.ports import free_port
-from trainyard.app.states import JobState
+from trainyard.app.core.ports import free_port
+from trainyard.app.core.states import JobState
 
 PER_RANK = 32  # each rank's batch; the single process takes twice it
 RANKS_TOL = 1e-3  # losses and weights, relative: the same steps in another order of float sums (cuDNN's kernels)
@@ -87,7 +87,7 @@ class JobProcess:
 
 def plan_for(root: Path, name: str, spec: dict, device: str, **more):
     from trainyard.app.records import Job
-    from trainyard.worker.plan import JobPlan
+    from trainyard.worker.supervisor.plan import JobPlan
     run_dir, ck = root / name / "art", root / name / "ck"
     run_dir.mkdir(parents=True)
     ck.mkdir(parents=True)

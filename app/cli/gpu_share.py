@@ -7,10 +7,10 @@ import math
 import time
 from pathlib import Path
 
-from trainyard.app import nvml
 from trainyard.app.cli.gpu_depth import image_job
 from trainyard.app.cli.gpu_steps import failed, main, started
-from trainyard.app.states import JobState
+from trainyard.app.core.states import JobState
+from trainyard.app.fleet import nvml
 
 GB = 1e9
 STATED_GB = {"cuda": 4.0, "cpu": 0.5}  # what each job of the eight-workers check states (resources.gpu_memory_gb)
@@ -24,11 +24,11 @@ def nvml_processes(index: int = 0) -> dict[int, int] | None:
     listed = nvml.nvml_devices() or []
     if index >= len(listed) or not listed[index].get("uuid"):
         return None
-    read = getattr(nvml, "compute_processes", None)  # the worker's own reading (worker/gpu_release.py), if here
+    read = getattr(nvml, "compute_processes", None)  # worker/supervisor/gpu_release.py reads it
     if read is not None:
         found = read(listed[index]["uuid"])
         return None if found is None else {pid: used or 0 for pid, used in found}
-    nv = nvml._nvml()  # an app/nvml.py without it: NVML, initialised once per process as app/nvml.py does
+    nv = nvml._nvml()  # an app/fleet/nvml.py without it: NVML, initialised once per process as app/fleet/nvml.py does
     try:
         procs = nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHandleByUUID(listed[index]["uuid"]))
     except Exception:
@@ -168,7 +168,7 @@ def preempt(device: str) -> tuple[bool, str]:
             log = c.get(f"/jobs/{low}/logs").text.splitlines()
             c.post(f"/jobs/{low}/cancel")
         resumed = [ln for ln in log if "resumed from checkpoint" in ln]
-        # The worker's own wait for NVML (worker/gpu_release.py), where this install has it.
+        # The worker's own wait for NVML (worker/supervisor/gpu_release.py), where this install has it.
         waited = [ln.split("device memory ", 1)[1] for ln in log if "device memory " in ln and " after the job" in ln]
         if again["state"] != JobState.RUNNING or again["runs"] != 2 or not resumed:
             return False, f"the preempted job did not resume: {again['state']}, runs {again['runs']}"

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainyard.app.core.states import JobState
 from trainyard.app.launcher import Service
-from trainyard.app.states import JobState
 
 JOB: dict[str, Any] = {"kind": "train", "name": "gpu-check", "model": {"arch": "cifar_net"},
        "data": {"dataset": "fake", "image_size": [3, 32, 32], "num_classes": 10, "size": 2000},
@@ -70,7 +70,7 @@ def weights_apart(w1: dict, w2: dict) -> float:
 def probe() -> tuple[bool, str]:
     import torch  # this process only: the command stays torch-free, and a hung CUDA init hangs only this
 
-    from trainyard.app.nvml import nvml_devices
+    from trainyard.app.fleet.nvml import nvml_devices
     nvml = nvml_devices() or []
     info = {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
             "driver": f"{nvml[0].get('driver_version')} (supports CUDA {nvml[0].get('cuda_driver_version')})"

@@ -18,8 +18,8 @@ from trainyard.app.cli.job_output import (
 )
 from trainyard.app.cli.output import TerminalWriter, console, err, show, shown, state_text
 from trainyard.app.client import TERMINAL, Client
-from trainyard.app.layout import ARTIFACT_FILES, EXPORT_FILES
-from trainyard.app.states import JobState
+from trainyard.app.core.layout import ARTIFACT_FILES, EXPORT_FILES
+from trainyard.app.core.states import JobState
 
 # After a log was trimmed under a follower, it goes on from this many of the latest bytes.
 FOLLOW_AFTER_TRIM = 64 << 10

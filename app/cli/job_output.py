@@ -7,8 +7,8 @@ from rich.table import Table
 
 from trainyard.app.cli.output import console, err, mib, number, ride_out, shown, state_text
 from trainyard.app.client import APIError, Client
-from trainyard.app.states import JobState
-from trainyard.app.text import escaped
+from trainyard.app.core.states import JobState
+from trainyard.app.core.text import escaped
 
 
 def progress_text(job: dict) -> str:

@@ -3,8 +3,8 @@
 import os
 import sys
 
-from trainyard.app import device_names
-from trainyard.app.settings import get_settings
+from trainyard.app.core import device_names
+from trainyard.app.core.settings import get_settings
 
 
 def _listen_options(p) -> None:
@@ -52,8 +52,8 @@ def cmd_serve(args) -> int:
 
 def _guarded(settings, host: str):
     """The settings to serve with: a server listening beyond loopback never runs open. With no
-    TRAINYARD_API_TOKEN it makes the admin token in its data directory (app/operator_token.py) and uses it."""
-    from trainyard.app import operator_token
+    TRAINYARD_API_TOKEN it makes the admin token in its data directory (app/core/operator_token.py) and uses it."""
+    from trainyard.app.core import operator_token
     if settings.api_token or operator_token.loopback(host):
         return settings
     token, made = operator_token.ensure(settings.data_dir)
@@ -86,13 +86,12 @@ def cmd_worker(args) -> int:
         raise SystemExit("trainyard worker: torch is not installed here; a worker host needs the worker extra: "
                          "pip install 'trainyard[worker]' (or keep this host's own torch >= 2.9 and add "
                          "torchvision and safetensors)") from None
-    from trainyard.worker.main import main as worker_main
+    from trainyard.worker.supervisor.main import main as worker_main
     return worker_main(get_settings(), args.device, burst=args.burst, max_jobs=args.max_jobs)
 
 
 def cmd_db(args) -> int:
-    from trainyard.app import migrate
-    from trainyard.app.db import make_engine
+    from trainyard.app.db import make_engine, migrate
     settings = get_settings()
     settings.ensure_dirs()
     engine = make_engine(settings.db_url)
@@ -115,8 +114,7 @@ def cmd_db(args) -> int:
 
 def _schema_ready(settings, role: str) -> None:
     """Upgrade an embedded database, or stop here with what to run when a shared one is behind."""
-    from trainyard.app import migrate
-    from trainyard.app.db import make_engine
+    from trainyard.app.db import make_engine, migrate
     settings.ensure_dirs()
     engine = make_engine(settings.db_url)
     try:
@@ -129,7 +127,7 @@ def _schema_ready(settings, role: str) -> None:
 
 def cmd_up(args) -> int:
     """The server plus one worker per visible CUDA device (or CPU workers), stopped together on Ctrl-C."""
-    from trainyard.app.gpu_order import visible_cuda_count
+    from trainyard.app.fleet.gpu_order import visible_cuda_count
     from trainyard.app.launcher import Service
     settings = get_settings()
     _schema_ready(settings, "up")  # once, before the server and the workers start together

@@ -28,8 +28,8 @@ from rich.segment import Segment
 from rich.text import Text
 
 from trainyard.app.client import APIError, describe
-from trainyard.app.states import JobState
-from trainyard.app.text import escaped
+from trainyard.app.core.states import JobState
+from trainyard.app.core.text import escaped
 
 # A width no line reaches: off a terminal, Rich would otherwise wrap text and cut table cells at 80 columns.
 UNWRAPPED = 1_000_000

@@ -6,7 +6,7 @@ from trainyard.app.cli.job_commands import said_deleted
 from trainyard.app.cli.output import console, number, show, shown, state_text
 from trainyard.app.cli.sweep_output import counts_text, follow_sweep, follow_sweep_table, say_best, sweep_summary
 from trainyard.app.client import TERMINAL, Client
-from trainyard.app.states import SweepState
+from trainyard.app.core.states import SweepState
 
 
 def add_sweep_commands(add) -> None:

@@ -9,8 +9,8 @@ from rich.text import Text
 
 from trainyard.app.cli.output import console, err, number, ride_out, shown, state_text
 from trainyard.app.client import TERMINAL, APIError, Client
-from trainyard.app.states import JobState
-from trainyard.app.text import escaped
+from trainyard.app.core.states import JobState
+from trainyard.app.core.text import escaped
 
 
 def params_text(params: dict) -> str:

@@ -1,5 +1,5 @@
 """GET /catalog: everything a client may put in a job, derived from the spec's models and names."""
-from trainyard.app import device_names
+from trainyard.app.core import device_names
 from trainyard.app.spec.common import DATASET_INFO
 from trainyard.app.spec.jobs import PredictJob, RunJob, TrainJob
 from trainyard.app.spec.train import ACTIVATIONS, ARCH_FIELDS, ARCHS, TORCHVISION_ARCHS

@@ -6,8 +6,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from trainyard.app import text
-from trainyard.app.plugins import NAME as PLUGIN_NAME
+from trainyard.app.core import text
+from trainyard.app.core.plugins import NAME as PLUGIN_NAME
 
 # Built-in datasets: what a client can discover through GET /catalog, and the pixel scaling the
 # worker applies: (mean, std) of pixels scaled to 0..1, as transforms.Normalize does (one per

@@ -5,8 +5,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, TypeAdapter, field_validator, model_validator
 
-from trainyard.app import device_names
-from trainyard.app.plugins import NAME as PLUGIN_NAME
+from trainyard.app.core import device_names
+from trainyard.app.core.plugins import NAME as PLUGIN_NAME
 from trainyard.app.spec.common import DATASET_INFO, Params, ShownName, _bounded_params, _Strict, check_dataset
 from trainyard.app.spec.train import DataSpec, ModelSpec, TrainParams
 

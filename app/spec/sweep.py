@@ -1,4 +1,4 @@
-"""A sweep: a search over a base job's fields (app/search.py runs it). Its parameters and pruners, and the
+"""A sweep: a search over a base job's fields (app/sweeps/search.py runs it). Its parameters and pruners, and the
 helpers that read and set a job's fields by dotted path."""
 import json
 import math
@@ -16,7 +16,7 @@ MAX_SWEEP_TRIALS = 1000
 MAX_GRID_VALUES = 10_000  # a parameter's values the grid enumerates (an int range's length, say)
 DEFAULT_TRIALS = 20  # a random or tpe sweep's trials without max_trials
 # A sweep's choice values, all its parameters together: each is checked as a whole job at submit, and
-# the study holds each trial's choice of them (app/study.py journals an index into them, not the value).
+# the study holds each trial's choice of them (app/sweeps/study.py journals an index into them, not the value).
 MAX_CHOICE_VALUES = 1000
 MAX_CHOICE_BYTES = 256 << 10
 # Steps of a float range with a step: Optuna counts them in 28-digit decimals, and a grid enumerates them.

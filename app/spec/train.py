@@ -4,7 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_serializer, model_validator
 
-from trainyard.app.plugins import NAME as PLUGIN_NAME
+from trainyard.app.core.plugins import NAME as PLUGIN_NAME
 from trainyard.app.spec.common import DATASET_INFO, Params, _bounded_params, _Strict, check_dataset, is_plugin_dataset
 
 # Architectures built by worker/nets.py, plus torchvision.models classifiers by name.

@@ -6,8 +6,8 @@ three formats; limits.py holds every bound. Untrusted input is parsed without un
 are read in memory, never extracted. Imports neither torch nor FastAPI: the worker reads the
 stored files through the same layout.
 """
-from trainyard.app.layout import UPLOAD_DATA_FILE as DATA_FILE
-from trainyard.app.layout import UPLOAD_META_FILE as META_FILE
+from trainyard.app.core.layout import UPLOAD_DATA_FILE as DATA_FILE
+from trainyard.app.core.layout import UPLOAD_META_FILE as META_FILE
 from trainyard.app.uploads.limits import ACCEPTED, Limits
 from trainyard.app.uploads.storage import delete, get, list_all, store, upload_dir, visible
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainyard.app.errors import Invalid, TooLarge, TrainyardError
-from trainyard.app.settings import Settings
+from trainyard.app.core.errors import Invalid, TooLarge, TrainyardError
+from trainyard.app.core.settings import Settings
 
 ACCEPTED = ".csv (with label_column), .npz (arrays x and y), .zip (ImageFolder: one folder of images per class)"
 PARSE_SLOTS = 2

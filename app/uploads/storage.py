@@ -1,6 +1,6 @@
 """Uploaded datasets: store one (parsed, normalised, compressed, within the quotas), read, list and
-delete them. The layout is app/layout.py's: datasets/uploads/<id>/ with data.npz and meta.json, in the
-data directory or, with a bucket store (app/storage.py), published there from the data directory.
+delete them. The layout is app/core/layout.py's: datasets/uploads/<id>/ with data.npz and meta.json, in the
+data directory or, with a bucket store (app/core/storage.py), published there from the data directory.
 
 The id is made here; the client's filename is kept only as a display name, never as a path. A
 dataset appears whole or not at all (written to a hidden directory, then renamed; in a bucket,
@@ -28,9 +28,9 @@ from typing import BinaryIO
 import numpy as np
 
 from trainyard.app.accounts import Principal
-from trainyard.app.errors import NotFound
-from trainyard.app.layout import UPLOAD_DATA_FILE, UPLOAD_META_FILE, Layout, locked
-from trainyard.app.storage import Store
+from trainyard.app.core.errors import NotFound
+from trainyard.app.core.layout import UPLOAD_DATA_FILE, UPLOAD_META_FILE, Layout, locked
+from trainyard.app.core.storage import Store
 from trainyard.app.uploads.csv_format import parse_csv
 from trainyard.app.uploads.limits import ACCEPTED, PARSE_SLOTS, Limits, refuse, size
 from trainyard.app.uploads.npz_format import parse_npz

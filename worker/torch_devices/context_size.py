@@ -1,6 +1,6 @@
 """How much GPU memory a job process costs outside its allocator: its CUDA context (the driver's code and data,
 cuBLAS's and cuDNN's handles and workspaces), measured in a fresh process, against the headroom placement
-counts for each job beside its statement (TRAINYARD_GPU_CONTEXT_HEADROOM_BYTES, app/placement.py).
+counts for each job beside its statement (TRAINYARD_GPU_CONTEXT_HEADROOM_BYTES, app/fleet/placement.py).
 
 `context_bytes(device)` and `context_reading(device)` start a fresh Python process for it (a process that
 already holds a context, or whose allocator holds memory, would measure itself); run as
@@ -14,9 +14,8 @@ from pathlib import Path
 
 import torch
 
-import trainyard
-from trainyard.app import gpu_order, nvml
-from trainyard.app.settings import Settings
+from trainyard.app.core.settings import Settings
+from trainyard.app.fleet import gpu_order, nvml
 
 
 def nvml_uuid(device: torch.device) -> str | None:
@@ -73,8 +72,9 @@ def _used(uuid: str | None) -> int | None:
 
 def context_reading(device: str = "cuda:0", timeout_s: float = 120) -> dict:
     """measure() in a fresh Python process (this one may hold a context already)."""
-    # Where this process found trainyard (a checkout, or the wheel), for the child to find it too.
-    root = str(Path(trainyard.__file__).resolve().parent.parent)
+    # Where this process found trainyard (a checkout, or the wheel), for the child to find it too: the folder
+    # that holds trainyard/ (this file is trainyard/worker/torch_devices/context_size.py; links not resolved).
+    root = str(Path(__file__).absolute().parents[3])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
     done = subprocess.run([sys.executable, "-m", "trainyard.worker.torch_devices.context_size", device],
                           capture_output=True, text=True, timeout=timeout_s, check=False, env=env)

@@ -7,7 +7,7 @@ import re
 
 import torch
 
-from trainyard.app import device_names
+from trainyard.app.core import device_names
 from trainyard.worker.errors import DeviceFailure, JobError
 
 # What cuBLAS needs to be deterministic (train.deterministic), read when the process creates its handle.
@@ -30,7 +30,7 @@ def prepare_deterministic(on: bool) -> None:
 
 
 def resolve(device: str) -> torch.device:
-    """A worker's device name (app/device_names.py) -> torch.device, checking that the device exists."""
+    """A worker's device name (app/core/device_names.py) -> torch.device, checking that the device exists."""
     index = device_names.cuda_index(device)
     if device == "auto":
         return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")

@@ -1,14 +1,15 @@
 """The admin surface: users, projects (their share and limits), memberships, tokens and the audit record, under
 /admin and for admins only (403 to anyone else); and GET /me, for any token: who it acts as.
 
-Each change is recorded in the audit record once it has succeeded (app/audit.py), with the admin who made it
-and the client's address. The work is app/accounts.py's; these routes check, call and record."""
+Each change is recorded in the audit record once it has succeeded (app/accounts/audit.py), with the admin who made it
+and the client's address. The work is app/accounts/__init__.py's; these routes check, call and record."""
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response
 
-from trainyard.app import accounts, audit, project_storage
+from trainyard.app import accounts
+from trainyard.app.accounts import audit
 from trainyard.app.api.deps import AdminDep, EngineDep, WhoDep, client_address, require_admin
 from trainyard.app.api.schemas import responses, ts
 from trainyard.app.api.schemas_admin import (
@@ -25,6 +26,7 @@ from trainyard.app.api.schemas_admin import (
     UserPublic,
     UserUpdate,
 )
+from trainyard.app.lifecycle import project_storage
 from trainyard.app.spec import MAX_ID
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)], responses=FORBIDDEN)

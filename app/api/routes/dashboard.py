@@ -1,7 +1,8 @@
 """The web dashboard: one static page at `/`, its script and stylesheet (no build step), and its session.
 
 The page and its assets are served without auth (a browser cannot send a bearer token when it navigates); they
-hold no data. The page signs in by posting a token to /session, which opens a session of its own (app/sessions.py)
+hold no data. The page signs in by posting a token to /session, which opens a session of its own
+(app/accounts/signins.py)
 and sets its id, never the token, in an HttpOnly cookie (deps.COOKIE) that no script can read; the browser sends
 it with every API call of the page, and deps.require_token reads it when no Authorization header is sent. The
 session ends with its token (revoked, expired, its user deleted), at sign-out, or after the cookie's max-age.
@@ -17,7 +18,8 @@ from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from trainyard.app import accounts, sessions
+from trainyard.app import accounts
+from trainyard.app.accounts import signins
 from trainyard.app.api.deps import COOKIE, known_principal
 from trainyard.app.api.schemas import ErrorPublic
 
@@ -86,7 +88,7 @@ async def sign_in(request: Request, token: Annotated[str, Depends(given_token)])
     dashboard; other clients send the header."""
     if await known_principal(request, token) is None:
         raise HTTPException(401, REFUSED, headers={"WWW-Authenticate": "Bearer"})
-    session = await run_in_threadpool(sessions.open_session, request.app.state.engine, accounts.digest(token),
+    session = await run_in_threadpool(signins.open_session, request.app.state.engine, accounts.digest(token),
                                       SESSION_MAX_AGE_S)
     response = Response(status_code=204, headers={"Cache-Control": "no-store"})
     response.set_cookie(COOKIE, session, max_age=SESSION_MAX_AGE_S, path="/", secure=request.url.scheme == "https",
@@ -100,7 +102,7 @@ async def sign_out(request: Request) -> Response:
     """Sign a browser out: its session ends and its cookie is cleared (the token itself stays valid until revoked
     or expired)."""
     if session := request.cookies.get(COOKIE, ""):
-        await run_in_threadpool(sessions.end_session, request.app.state.engine, session)
+        await run_in_threadpool(signins.end_session, request.app.state.engine, session)
     response = Response(status_code=204, headers={"Cache-Control": "no-store"})
     response.delete_cookie(COOKIE, path="/", secure=request.url.scheme == "https", httponly=True, samesite="strict")
     return response

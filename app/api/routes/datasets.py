@@ -7,12 +7,14 @@ from fastapi import APIRouter, File, Form, Request, Response, UploadFile
 from fastapi import Path as PathParam
 from pydantic import BaseModel, Field
 
-from trainyard.app import audit, quotas, references, uploads
+from trainyard.app import uploads
+from trainyard.app.accounts import audit, quotas
 from trainyard.app.api.deps import EngineDep, SettingsDep, WhoDep, client_address
 from trainyard.app.api.schemas import responses
+from trainyard.app.core.errors import Conflict
+from trainyard.app.core.settings import Settings
 from trainyard.app.db import read
-from trainyard.app.errors import Conflict
-from trainyard.app.settings import Settings
+from trainyard.app.lifecycle import references
 
 FORM_OVERHEAD_BYTES = 64 << 10  # multipart boundaries, part headers and the label_column field
 DatasetId = Annotated[str, PathParam(pattern=uploads.ID_PATTERN)]

@@ -1,5 +1,5 @@
 """Routes for the event streams (Server-Sent Events): a job's (GET /jobs/{id}/events, its sequence and ids in
-app/job_events.py) and a sweep's (GET /sweeps/{id}/events, served by the hub in app/api/streams.py). What they
+app/jobs/job_events.py) and a sweep's (GET /sweeps/{id}/events, served by the hub in app/api/streams.py). What they
 promise a client (order, ids, resuming, an id beyond the stream, the end) is docs/api.md's "Event streams". A
 stream of another project's job or sweep is 404 before it starts, as a missing one's is. An open stream re-checks
 its caller's token every few seconds and ends (`end` naming why) once it no longer holds (app/api/streams.py)."""
@@ -11,8 +11,6 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from trainyard.app import job_events as sequence
-from trainyard.app import sweep_reads, visibility
 from trainyard.app.api.deps import COOKIE, EngineDep, WhoDep, bearer, require_token
 from trainyard.app.api.routes.jobs import MAX_METRICS_PAGE, JobId
 from trainyard.app.api.routes.sweeps import NOT_FOUND as SWEEP_NOT_FOUND
@@ -20,7 +18,8 @@ from trainyard.app.api.routes.sweeps import SweepId
 from trainyard.app.api.schemas import NOT_FOUND as JOB_NOT_FOUND
 from trainyard.app.api.schemas import JobPublic
 from trainyard.app.api.streams import Recheck, parse_sweep_event_id
-from trainyard.app.records import Job
+from trainyard.app.jobs import job_events as sequence
+from trainyard.app.records import Job, sweep_reads, visibility
 
 router = APIRouter()
 EVENTS_POLL_S = 0.25

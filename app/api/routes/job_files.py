@@ -9,13 +9,15 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 
-from trainyard.app import exports, job_reads, storage, visibility
 from trainyard.app.api.deps import EngineDep, SettingsDep, WhoDep
 from trainyard.app.api.routes.jobs import MAX_METRICS_PAGE, NEXT_SINCE, JobId, as_json
 from trainyard.app.api.schemas import NOT_FOUND, JobResult, MetricPublic, responses
-from trainyard.app.errors import Conflict, Gone, NotFound
-from trainyard.app.layout import ARTIFACT_FILES, EXPORT_FILES, RESULT_FILE
-from trainyard.app.states import JobState
+from trainyard.app.core import storage
+from trainyard.app.core.errors import Conflict, Gone, NotFound
+from trainyard.app.core.layout import ARTIFACT_FILES, EXPORT_FILES, RESULT_FILE
+from trainyard.app.core.states import JobState
+from trainyard.app.jobs import exports
+from trainyard.app.records import job_reads, visibility
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 EVENTS_POLL_S = 0.25  # how often an export's wait checks that its client is still there
@@ -72,7 +74,7 @@ async def job_artifact(job_id: JobId, engine: EngineDep, settings: SettingsDep, 
     job = await run_in_threadpool(visibility.job_for, engine, who, job_id)
     if job.kind == "predict":
         raise NotFound(f"job {job_id} is a predict job; train jobs (and run jobs that save a model) have artifacts")
-    if job.state == JobState.SUCCEEDED and job.reclaimed and not job.artifact_path:  # app/retention.py
+    if job.state == JobState.SUCCEEDED and job.reclaimed and not job.artifact_path:  # app/lifecycle/retention.py
         raise Gone(f"the model of job {job_id} was removed by retention: {job.reclaimed.get('why')}")
     if job.state != JobState.SUCCEEDED or not job.artifact_path:
         raise Conflict(f"job {job_id} is {job.state}; its artifact exists once it has succeeded")

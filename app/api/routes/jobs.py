@@ -1,6 +1,7 @@
 """Routes for jobs: submit, list, read, cancel, retry, delete, pin (what a job stored: routes/job_files.py; its
 events: routes/events.py). A job belongs to the project its submitter's token names; a principal sees and acts on
-its project's jobs only (admins: all), another project's answering 404 as a missing job does (app/visibility.py).
+its project's jobs only (admins: all), another project's answering 404 as a missing job does
+(app/records/visibility.py).
 Each change is written to the audit record."""
 from typing import Annotated, Any, Literal
 
@@ -10,22 +11,15 @@ from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.engine import Engine
 
-from trainyard.app import (
-    admission,
-    audit,
-    db,
-    deletion,
-    dependencies,
-    job_reads,
-    job_summaries,
-    queue,
-    submit,
-    visibility,
-    waiting,
-)
-from trainyard.app.accounts import Principal
+from trainyard.app import db
+from trainyard.app.accounts import Principal, audit
 from trainyard.app.api.deps import EngineDep, SettingsDep, WhoDep, client_address
 from trainyard.app.api.schemas import HEAVY, NOT_FOUND, JobPublic, JobsPublic, job_fields, responses
+from trainyard.app.core.states import JobState
+from trainyard.app.fleet import dependencies, waiting
+from trainyard.app.jobs import admission, queue, submit
+from trainyard.app.lifecycle import deletion
+from trainyard.app.records import job_reads, job_summaries, visibility
 from trainyard.app.spec import (
     JOB_KINDS,
     MAX_ID,
@@ -36,7 +30,6 @@ from trainyard.app.spec import (
     JobBatch,
     JobSpec,
 )
-from trainyard.app.states import JobState
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 # Bounded so that no id reaches the database as an integer it cannot store.

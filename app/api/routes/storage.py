@@ -1,11 +1,11 @@
 """Routes about what the store holds: GET /storage (the collector's last measure and the retention rules: an admin's
 of the whole store, a member's of their own project) and POST /storage/collect (a pass of the collector now,
-app/collector.py: admins only, audited)."""
+app/lifecycle/collector.py: admins only, audited)."""
 from datetime import datetime
 
 from fastapi import APIRouter, Request
 
-from trainyard.app import audit, collector, project_storage
+from trainyard.app.accounts import audit
 from trainyard.app.api.deps import AdminDep, EngineDep, SettingsDep, WhoDep, client_address
 from trainyard.app.api.schemas import ts
 from trainyard.app.api.schemas_admin import FORBIDDEN
@@ -16,7 +16,8 @@ from trainyard.app.api.schemas_service import (
     StoragePublic,
     StorageRules,
 )
-from trainyard.app.settings import Settings
+from trainyard.app.core.settings import Settings
+from trainyard.app.lifecycle import collector, project_storage
 
 router = APIRouter(prefix="/storage", tags=["storage"])
 

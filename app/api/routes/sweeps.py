@@ -5,17 +5,18 @@ from fastapi import APIRouter, Body, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 
-from trainyard.app import audit, deletion, sweep_reads, sweep_store
-from trainyard.app.accounts import Principal
+from trainyard.app.accounts import Principal, audit
 from trainyard.app.api.deps import EngineDep, SettingsDep, WhoDep, client_address
 from trainyard.app.api.routes.jobs import as_json
 from trainyard.app.api.schemas import responses
 from trainyard.app.api.schemas_service import CurvesPublic
 from trainyard.app.api.schemas_sweeps import SweepPublic, SweepsPublic, TrialPublic, sweep_fields
-from trainyard.app.records import Sweep
+from trainyard.app.core.states import SWEEP_STATES, SweepState
+from trainyard.app.lifecycle import deletion
+from trainyard.app.records import Sweep, sweep_reads
 from trainyard.app.spec import MAX_ID, TRAIN_EXAMPLE, SweepSpec
-from trainyard.app.states import SWEEP_STATES, SweepState
-from trainyard.app.sweep_curves import MAX_CURVE_POINTS, curves
+from trainyard.app.sweeps import sweep_store
+from trainyard.app.sweeps.sweep_curves import MAX_CURVE_POINTS, curves
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 SweepId = Annotated[int, PathParam(ge=1, le=MAX_ID)]
@@ -54,7 +55,7 @@ async def submit_sweep(spec: Annotated[SweepSpec, Body(openapi_examples={"tpe": 
     """Start a sweep: its trials are jobs of the base job with the searched fields set (the first within
     a second). Bad paths, ranges on fields that are not numbers, values the job spec refuses and a grid
     larger than max_trials are refused with 422 naming the field; past the caller's project's part of
-    TRAINYARD_MAX_RUNNING_SWEEPS sweeps running, or past the cap itself, 409 (app/sweep_admission.py). The sweep
+    TRAINYARD_MAX_RUNNING_SWEEPS sweeps running, or past the cap itself, 409 (app/sweeps/sweep_admission.py). The sweep
     and its trials are the caller's, in the caller's project."""
     made = await run_in_threadpool(sweep_store.create, engine, settings, spec, who)
     await run_in_threadpool(audit.record, engine, who, "sweep_submit", f"sweep {made.id}", client_address(request),

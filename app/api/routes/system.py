@@ -13,15 +13,19 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import select
 
-from trainyard.app import admission, audit, devices_payload, job_reads, metrics, spec, visibility
-from trainyard.app import workers as workers_registry
-from trainyard.app.accounts import Principal
+from trainyard.app import spec
+from trainyard.app.accounts import Principal, audit
 from trainyard.app.api.deps import AdminDep, EngineDep, SettingsDep, WhoDep, client_address
 from trainyard.app.api.routes.jobs import as_json
 from trainyard.app.api.schemas import WorkerPublic, responses, ts
 from trainyard.app.api.schemas_admin import FORBIDDEN
 from trainyard.app.api.schemas_service import CatalogPublic, DevicesPublic, Health
 from trainyard.app.db import jobs, read
+from trainyard.app.fleet import devices_payload
+from trainyard.app.fleet import workers as workers_registry
+from trainyard.app.jobs import admission
+from trainyard.app.observe import prometheus
+from trainyard.app.records import job_reads, visibility
 
 router = APIRouter(tags=["system"])
 health_router = APIRouter(tags=["system"])
@@ -52,9 +56,9 @@ def get_metrics(request: Request, engine: EngineDep, settings: SettingsDep, who:
     by kind and state, the queue's depth and age, running jobs' samples/s, sweeps and their trials) and the
     fleet's worker and device gauges (which name no job), but not the counters, the job-duration histogram or
     the store's gauges: those are kept for the whole service, not per project."""
-    reg = request.app.state.metrics_registry if who.admin else metrics.registry(engine, settings.lease_s,
+    reg = request.app.state.metrics_registry if who.admin else prometheus.registry(engine, settings.lease_s,
                                                                                    settings.node, who)
-    return Response(metrics.render(reg), media_type=CONTENT_TYPE_LATEST)
+    return Response(prometheus.render(reg), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/catalog", response_model=CatalogPublic, operation_id="catalog")

@@ -1,0 +1,128 @@
+"""The client's one HTTP layer: requests and their errors (APIError), Server-Sent Events, streamed downloads,
+and polling until a run ends. The resource namespaces (app/client/resources.py) speak only through it."""
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from trainyard.app.core import states
+
+TERMINAL = tuple(s.value for s in states.TERMINAL)
+
+
+class APIError(Exception):
+    """The server answered with an error status (or could not be reached: status_code 0)."""
+
+    def __init__(self, status_code: int, detail: Any):
+        self.status_code, self.detail = status_code, detail
+        super().__init__(f"{status_code}: {describe(detail)}")
+
+
+def describe(detail: Any) -> str:
+    """A server's error detail as one line: validation errors become 'field.path: message; ...'."""
+    if isinstance(detail, list):
+        return "; ".join(f"{'.'.join(str(p) for p in d.get('loc', [])[1:]) or 'body'}: {d.get('msg')}"
+                         if isinstance(d, dict) else str(d) for d in detail)
+    return str(detail)
+
+
+class Http:
+    """An httpx.Client that raises APIError for an error status or an unreachable server."""
+
+    def __init__(self, url: str, token: str | None, timeout: float):
+        self.url = url
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.client = httpx.Client(base_url=url, headers=headers, timeout=timeout)
+
+    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            r = self.client.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise self.unreachable(exc) from exc
+        check(r)
+        return r
+
+    def json(self, method: str, path: str, **kw: Any) -> Any:
+        return self.request(method, path, **kw).json()
+
+    def unreachable(self, exc: Exception) -> APIError:
+        return APIError(0, f"cannot reach trainyard at {self.url}: {exc}")
+
+    def events(self, path: str, last_event_id: str | None) -> Iterator[dict[str, Any]]:
+        """The Server-Sent Events at path until the server closes the stream (read without a read timeout)."""
+        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+        try:
+            with self.client.stream("GET", path, headers=headers, timeout=httpx.Timeout(30, read=None)) as r:
+                if r.is_error:
+                    r.read()
+                    check(r)
+                yield from parse_sse(r.iter_lines())
+        except httpx.TransportError as exc:
+            raise self.unreachable(exc) from exc
+
+    def download(self, path: str, out: Path, params: dict[str, Any]) -> Path:
+        """Stream the body at path to the file out, written whole or not at all."""
+        tmp = out.with_name(out.name + ".part")
+        try:
+            with self.client.stream("GET", path, params=params) as r:
+                if r.is_error:
+                    r.read()
+                    check(r)
+                with open(tmp, "wb") as f:
+                    for chunk in r.iter_bytes():
+                        f.write(chunk)
+        except httpx.TransportError as exc:
+            tmp.unlink(missing_ok=True)
+            raise self.unreachable(exc) from exc
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        os.replace(tmp, out)
+        return out
+
+
+def check(r: httpx.Response) -> None:
+    if r.status_code < 400:
+        return
+    try:
+        detail = r.json().get("detail", r.text)
+    except (ValueError, AttributeError):
+        detail = r.text
+    raise APIError(r.status_code, detail)
+
+
+def parse_sse(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+    """Server-Sent Events from text lines: each event's name, id and JSON data."""
+    event: dict[str, Any] = {}
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield {"event": event.get("event", "message"), "id": event.get("id"),
+                       "data": json.loads("\n".join(data))}
+            event, data = {}, []
+        elif line.startswith(":"):
+            continue
+        else:
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field == "data":
+                data.append(value)
+            elif field in ("event", "id"):
+                event[field] = value
+
+
+def until_ended(read: Callable[[], Any], what: str, timeout: float | None, poll_s: float) -> Any:
+    """read() until what it returns has ended (a terminal state); TimeoutError after timeout seconds."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        got = read()
+        if got["state"] in TERMINAL:
+            return got
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"{what} is still {got['state']} after {timeout} s")
+        time.sleep(poll_s)
