@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.service import ROOT
+from tests.helpers.service import ROOT
 
 MAX_MODULE_LINES = 300
 MAX_FUNCTION_LINES = 60
@@ -168,3 +168,38 @@ def test_nothing_imports_app_or_worker_by_a_second_name():
             if {"app", "worker"} & set(tops):
                 wrong.append(f"{rel(path)}:{node.lineno}: {ast.unparse(node)}")
     assert not wrong, "import trainyard.app / trainyard.worker instead:\n" + "\n".join(wrong)
+
+
+# app/ shows its architecture: a few modules beside its rooms (the packages pyproject.toml's layers contract
+# names), each room's __init__ saying what it owns.
+MAX_APP_MODULES = 12
+
+
+def test_app_is_rooms_with_a_few_modules_beside_them():
+    top = sorted(p.name for p in (ROOT / "app").glob("*.py"))
+    assert len(top) <= MAX_APP_MODULES, f"modules directly in app/: {top}"
+    rooms = [p for p in (ROOT / "app").iterdir() if p.is_dir() and p.name not in ("__pycache__", "static")]
+    for room in rooms:
+        init = room / "__init__.py"
+        assert init.is_file(), f"{rel(room)} is no package"
+        assert ast.get_docstring(ast.parse(init.read_text())), f"{rel(init)} says nothing of what it owns"
+
+
+def test_no_submodule_shadows_a_name_its_package_binds():
+    """A package's __init__ that binds a name (a table, a function) which is also one of its submodules' names
+    loses it to the submodule as soon as that is imported: db's `counters` table and db/counters.py did."""
+    clashes = []
+    for m in modules().values():
+        if m.path.name != "__init__.py":
+            continue
+        subs = {p.stem for p in m.path.parent.glob("*.py")} | {p.name for p in m.path.parent.iterdir()
+                                                               if (p / "__init__.py").is_file()}
+        for node in m.tree.body:
+            if isinstance(node, ast.ImportFrom) and node.module == m.name:
+                continue  # `from pkg import submodule` binds the submodule itself
+            bound = {a.asname or a.name for a in node.names} if isinstance(node, ast.ImportFrom | ast.Import) \
+                else {node.name} if isinstance(node, ast.FunctionDef | ast.ClassDef) \
+                else {t.id for t in node.targets if isinstance(t, ast.Name)} if isinstance(node, ast.Assign) \
+                else set()
+            clashes += [f"{m.name}.{name}" for name in bound & (subs - {"__init__"})]
+    assert not clashes, f"names a submodule shadows: {clashes}"
