@@ -82,10 +82,11 @@ lint: $(BIN)/.installed
 
 # The suite on PYTEST_WORKERS processes (pytest-xdist), a test file to each at a time (its module-scoped
 # services stay in one process): most tests wait on the servers and workers they start, so two processes
-# take about half the time on two cores. PYTEST_WORKERS=0 runs it in this process.
+# take about half the time on two cores. PYTEST_WORKERS=0 runs it in this process. --durations=30 prints the
+# slowest tests at the end: where the suite's time goes (docs/layout.md, "The suite's budget").
 PYTEST_WORKERS ?= 2
 test: setup lint
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=30 $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python -m bench.train_throughput --rounds 3

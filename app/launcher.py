@@ -1,13 +1,17 @@
 """The process launcher: `trainyard serve` and `trainyard worker` processes that share one data dir.
 
 `trainyard up` runs the service with it; the tests and benchmarks start throwaway services on a
-free port with Service.isolated(), and speak to them over HTTP like any client.
+free port with Service.isolated(), and speak to them over HTTP like any client, on a database of their own:
+a SQLite file in the data dir, or a throwaway schema of the local PostgreSQL (postgres_schema).
 """
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -15,6 +19,9 @@ import httpx
 from trainyard.app.client import TERMINAL
 from trainyard.app.core import operator_token
 from trainyard.app.core.ports import free_port
+
+# The local PostgreSQL's `test` database, where the tests and benchmarks make their throwaway schemas.
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 class Service:
@@ -157,3 +164,18 @@ class Service:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+@contextmanager
+def postgres_schema(prefix: str = "bench") -> Iterator[str]:
+    """A fresh schema in the local PostgreSQL's `test` database, dropped afterwards: its database URL, for a
+    throwaway service (tests and benchmarks) that must not see another's rows."""
+    import psycopg  # here: `trainyard up` on SQLite never loads the driver
+    name = f"{prefix}_{secrets.token_hex(4)}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as c:
+        c.execute(f"CREATE SCHEMA {name}")
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as c:
+            c.execute(f"DROP SCHEMA {name} CASCADE")

@@ -4,7 +4,6 @@ import importlib.metadata
 import math
 import os
 import platform
-import secrets
 import shutil
 import subprocess
 import sys
@@ -15,16 +14,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from trainyard.app.core.settings import Settings
-from trainyard.app.launcher import Service
+from trainyard.app.launcher import Service, postgres_schema  # noqa: F401 - postgres_schema re-exported for the benchmarks
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout the benchmarks run from
 
-# The production defaults, not tests.service's FAST_ENV (short leases, 0.5 s heartbeats), so that
+# The production defaults, not tests.helpers.service's FAST_ENV (short leases, 0.5 s heartbeats), so that
 # background writes happen as often as they would in a real deployment. TRAINYARD_POLL_S is left
 # at the code's default on purpose: it is what the dispatch benchmark measures.
 PROD_ENV = {"TRAINYARD_LEASE_S": "15", "TRAINYARD_HEARTBEAT_S": "2", "TRAINYARD_GRACE_S": "30"}
-
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 
 TINY_JOB = {"kind": "train", "model": {"arch": "mlp", "hidden": [8]}, "data": {"dataset": "iris"},
             "train": {"epochs": 1, "batch_size": 32, "checkpoint_every": 0}, "device": "cpu"}
@@ -43,21 +40,6 @@ def env_line(backend: str = "SQLite") -> str:
 def load_note() -> str:
     """The machine's 1-minute load average: above ~2 on this 2-core box, other processes compete."""
     return f"1-min load average {os.getloadavg()[0]:.1f}"
-
-
-@contextmanager
-def postgres_schema(prefix: str = "bench") -> Iterator[str]:
-    """A fresh schema in the local PostgreSQL's `test` database, dropped afterwards: its database URL.
-    (The tests' PostgreSQL fixtures use it too.)"""
-    import psycopg
-    name = f"{prefix}_{secrets.token_hex(4)}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as c:
-        c.execute(f"CREATE SCHEMA {name}")
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as c:
-            c.execute(f"DROP SCHEMA {name} CASCADE")
 
 
 @contextmanager

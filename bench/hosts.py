@@ -1,7 +1,7 @@
 """One job across two hosts against the same loop started by torchrun on the same two hosts.
 
 `python -m bench.hosts [--rounds N] [--per-rank 32,128]` (as root: it makes network namespaces) makes two
-hosts on a bridge of their own (bench/netns.py), forwards this machine's PostgreSQL to them, starts the
+hosts on a bridge of their own (app/cli/netns.py), forwards this machine's PostgreSQL to them, starts the
 server here and one CPU worker in each host (TRAINYARD_NODE_ADDR: its address), and, N alternating rounds:
 - service, 2 hosts: bench.ddp's job with `"devices": 2, "hosts": 2`, batch b per rank, one rank a host;
 - torchrun, 2 hosts: bench.ddp's hand-written DDP loop, one `torchrun --nnodes 2 --nproc-per-node 1` in each
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from bench import netns
 from bench.common import PROD_ENV, ROOT, alternating_rounds, postgres_schema
 from bench.ddp import JOB, service_rate
+from trainyard.app.cli import netns
 from trainyard.app.launcher import Service, free_port
 
 

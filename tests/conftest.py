@@ -1,52 +1,23 @@
-"""Shared fixtures: a fresh data dir per test, the live service, tiny job presets."""
-from contextlib import AbstractContextManager, nullcontext
-
+"""Shared fixtures: the service a test starts on a fresh data dir and database (`service`), a module's shared
+one (`live`), databases on each backend, an S3 bucket. Plain helpers live in tests/helpers/."""
 import pytest
 
-from bench.common import postgres_schema
-from tests.s3 import new_bucket, s3_server
-from tests.service import Service
+from tests.helpers.backends import BACKENDS, fresh_database
+from tests.helpers.s3 import new_bucket, s3_server
+from tests.helpers.service import Service, live_service
 from trainyard.app.db import make_engine, migrate
-from trainyard.app.spec import TRAIN_EXAMPLE
+from trainyard.app.launcher import postgres_schema
 
-# The README's Iris job (seed 000's MLP and loop settings), as the OpenAPI docs show it.
-IRIS_JOB = TRAIN_EXAMPLE
-
-
-def tiny_job(epochs: int = 2, **train) -> dict:
-    """A job that takes well under a second to train."""
-    return {"kind": "train", "model": {"arch": "mlp", "hidden": [8]}, "data": {"dataset": "iris"},
-            "train": {"epochs": epochs, "batch_size": 32, **train}, "device": "cpu"}
-
-
-def slow_job(epochs: int = 40, **train) -> dict:
-    """A job that trains for several seconds and checkpoints every epoch (for crash tests)."""
-    return {"kind": "train", "model": {"arch": "cnn", "channels": [16, 32]}, "data": {"dataset": "digits"},
-            "train": {"epochs": epochs, "batch_size": 16, "lr": 0.001, "checkpoint_every_s": 0, **train},
-            "device": "cpu"}
-
-
-BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+# A module's own service, shared by its tests: a server and one CPU worker on SQLite. A module that needs
+# another one says so in one line (`live = live_service(workers=0, env={...}, team=True)`, tests/helpers/service.py).
+live = live_service()
 
 
 @pytest.fixture
 def service_backend():
     """The database of the `service` fixture. A module that runs its tests on both backends says
-    `service_backend = on_both_backends()`."""
+    `service_backend = on_both_backends()` (tests/helpers/backends.py)."""
     return "sqlite"
-
-
-def on_both_backends():
-    @pytest.fixture(params=BACKENDS, name="service_backend")
-    def service_backend(request):
-        return request.param
-    return service_backend
-
-
-def fresh_database(backend: str, prefix: str = "svc") -> AbstractContextManager[str]:
-    """A database of its own for a service: "" (SQLite in the service's data directory) or, on "postgres", the
-    URL of a PostgreSQL schema named after prefix, dropped on leaving."""
-    return postgres_schema(prefix) if backend == "postgres" else nullcontext("")
 
 
 @pytest.fixture

@@ -14,9 +14,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import insert
 
-from tests.conftest import BACKENDS, fresh_database, slow_job, tiny_job
-from tests.service import Service, serving
-from tests.teams import Team, make_team
+from tests.helpers.backends import BACKENDS, fresh_database
+from tests.helpers.jobs import slow_job, tiny_job
+from tests.helpers.service import Service, live_service
+from tests.helpers.teams import Team, make_team
 from trainyard.app import accounts
 from trainyard.app.accounts import Principal
 from trainyard.app.db import sweeps, write
@@ -48,11 +49,7 @@ def accounts_service(request, tmp_path):
             svc.stop()
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    """A server with TRAINYARD_API_TOKEN and one CPU worker, and its team."""
-    with serving(tmp_path_factory.mktemp("admin") / "data", workers=1, env={"TRAINYARD_API_TOKEN": ROOT}) as svc:
-        yield svc, make_team(svc)
+live = live_service(env={"TRAINYARD_API_TOKEN": ROOT}, team=True)  # and its team
 
 
 def ok(r: httpx.Response, status: int = 200):

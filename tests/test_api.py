@@ -7,16 +7,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import IRIS_JOB, tiny_job
-from tests.service import Service, serving
+from tests.helpers.jobs import IRIS_JOB, tiny_job
+from tests.helpers.service import Service, live_service
 
 pytestmark = pytest.mark.slow  # starts the real server and workers
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("api") / "data", workers=0) as svc:
-        yield svc
+live = live_service(workers=0)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from torch import nn
 from bench import flops, loops
 from bench.cases import CASES, expand, spec_for
 from bench.train_throughput import default_cases
-from tests.service import ROOT
+from tests.helpers.service import ROOT
 from trainyard.app.spec import parse_spec
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from tests.service import ROOT, Service, probe_plugin, run_job
+from tests.helpers.service import ROOT, Service, probe_plugin, run_job
 from trainyard.app.core.states import JobState
 from trainyard.app.records import Job
 from trainyard.worker import broken_links, distributed, runner

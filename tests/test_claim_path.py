@@ -6,7 +6,7 @@ import time
 
 from sqlalchemy import event, update
 
-from tests.conftest import tiny_job
+from tests.helpers.jobs import tiny_job
 from trainyard.app import accounts
 from trainyard.app.db import jobs, write
 from trainyard.app.fleet import idle_look, workers

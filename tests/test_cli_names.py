@@ -6,9 +6,7 @@ import sqlite3
 import subprocess
 import sys
 
-import pytest
-
-from tests.service import ROOT, serving
+from tests.helpers.service import ROOT, live_service
 from trainyard.app.spec import TRAIN_EXAMPLE
 
 # ESC ] 52 writes the clipboard, ESC ] 0 the window title, ESC [ 2J clears the screen, U+202E reverses
@@ -20,10 +18,7 @@ ACTING = re.compile(r"\x1b(?!\[[0-9;]*m)|[\x80-\x9f]")
 QUEUED = {**TRAIN_EXAMPLE, "device": "cuda:7"}  # no worker here: it stays queued
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("cli-names") / "data", workers=0) as svc:
-        yield svc
+live = live_service(workers=0)
 
 
 def cli(svc, *args: str) -> bytes:

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import tiny_job
-from tests.service import serving
+from tests.helpers.jobs import tiny_job
 from trainyard.app.cli import build_parser
 from trainyard.app.cli.output import STATE_STYLE, state_text
 from trainyard.app.core.states import JobState
@@ -20,12 +19,6 @@ TRAINYARD = Path(sys.executable).with_name("trainyard")  # the console script pi
 # Longer than any terminal's line, with spaces where a wrapper would break it.
 LONG_NAME = ("a job name long enough that a terminal of 80 columns would wrap it, " * 2).strip()
 IRIS_ROWS = [[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]]
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("cli-scripts") / "data", workers=1) as svc:
-        yield svc
 
 
 def cli(svc, *args: str, url: str | None = None) -> subprocess.CompletedProcess:

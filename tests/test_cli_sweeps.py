@@ -9,7 +9,7 @@ import time
 import pytest
 from rich.console import Console
 
-from tests.service import ROOT, serving
+from tests.helpers.service import ROOT, live_service
 from trainyard.app.cli import sweep_output
 from trainyard.app.spec import TRAIN_EXAMPLE
 
@@ -23,10 +23,7 @@ def grid(name: str, **kw) -> dict:
             "parameters": {"train.lr": {"type": "choice", "values": LRS}}, **kw}
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("cli-sweeps") / "data", workers=2) as svc:
-        yield svc
+live = live_service(workers=2)
 
 
 def cli(svc, *args, input: str | None = None, timeout: float = 180) -> subprocess.CompletedProcess:

@@ -7,9 +7,8 @@ import warnings
 
 import pytest
 
-from tests.conftest import tiny_job
-from tests.service import serving
-from tests.test_uploads import iris_csv
+from tests.helpers.data import iris_csv
+from tests.helpers.jobs import tiny_job
 from trainyard import APIError, Client, Dataset, Event, Job, Page, Sweep, Worker
 from trainyard.app.client import DEPRECATED, TERMINAL
 from trainyard.app.client.models import LogChunk
@@ -17,12 +16,6 @@ from trainyard.app.client.models import LogChunk
 WAITING = {**tiny_job(), "device": "cuda"}  # no worker serves CUDA here: it stays queued until cancelled
 GRID = {"job": tiny_job(epochs=2), "method": "grid", "max_concurrent": 1,
         "parameters": {"train.lr": {"type": "choice", "values": [0.01, 0.05]}}}
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("client") / "data") as svc:
-        yield svc
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import time
 import pytest
 from sqlalchemy import func, insert, select, update
 
-from tests.conftest import tiny_job
+from tests.helpers.jobs import tiny_job
 from trainyard.app.core.settings import Settings
 from trainyard.app.db import counters, jobs, read, sweeps, write
 from trainyard.app.jobs.submit import enqueue

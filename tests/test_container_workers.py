@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import tiny_job
-from tests.gpu_readings import MIG_CARD
-from tests.service import ROOT, Service
-from tests.test_runner import job_record
+from tests.helpers.gpu_readings import MIG_CARD
+from tests.helpers.jobs import tiny_job
+from tests.helpers.runner import job_record
+from tests.helpers.service import ROOT, Service
 from trainyard.app.core.settings import Settings
 from trainyard.app.fleet import gpu_order
 from trainyard.worker.supervisor import prepare, status_file

@@ -10,8 +10,8 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from tests.conftest import tiny_job
-from tests.test_runner import job_record
+from tests.helpers.jobs import tiny_job
+from tests.helpers.runner import job_record
 from trainyard.worker import runner
 from trainyard.worker.supervisor.plan import JobPlan
 

@@ -4,9 +4,8 @@ Needs two CUDA devices; `trainyard gpu-check` runs it on a host with them."""
 import pytest
 import torch
 
-from tests.conftest import slow_job
-from tests.test_multi_device import all_gone, rank_pids
-from tests.test_reliability import job_pids
+from tests.helpers.jobs import slow_job
+from tests.helpers.processes import all_gone, job_pids, rank_pids
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")]

@@ -9,28 +9,19 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from tests.conftest import IRIS_JOB, slow_job, tiny_job
-from tests.service import Service, serving
+from tests.helpers.browser import ARGS, CHROMIUM
+from tests.helpers.jobs import IRIS_JOB, slow_job, tiny_job
+from tests.helpers.service import Service
 
 sync_api = pytest.importorskip("playwright.sync_api")
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, ConsoleMessage, Request
 expect = sync_api.expect
 
-CHROMIUM = "/usr/bin/chromium"
-# As root Chromium needs --no-sandbox; the rest keep it from reaching out to the internet.
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                  reason=f"{CHROMIUM} not installed (apt-get install chromium)")]
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("dashboard") / "data") as svc:
-        yield svc
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +116,6 @@ def test_job_reaches_succeeded_and_its_page_plots_every_epoch(live, watched, tmp
     expect(page.get_by_role("button", name=f"Retry job {job['id']}")).to_be_hidden()
     page.screenshot(path=str(tmp_path / "dashboard-job.png"), full_page=True)
     assert watched.errors == []
-
 
 
 def test_a_keep_best_jobs_page_says_which_epoch_its_summary_and_its_result_are(live, watched):
@@ -227,7 +217,6 @@ def test_gpu_memory_bars_from_a_recorded_devices_payload(live, watched):
     assert watched.errors == []
     with live.client() as c:
         c.post(f"/jobs/{job['id']}/cancel")
-
 
 
 def test_devices_are_grouped_by_host_and_a_draining_worker_says_so(live, watched):

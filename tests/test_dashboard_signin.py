@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from tests.conftest import tiny_job
-from tests.service import Service, serving
-from tests.teams import Team, make_team, service_engine
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import Service, live_service, serving
+from tests.helpers.teams import Team, make_team, service_engine
 from trainyard.app import accounts
 
 if TYPE_CHECKING:
@@ -25,10 +25,7 @@ MONTH_S = 30 * 24 * 3600
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("signin") / "data", env={"TRAINYARD_API_TOKEN": ADMIN_TOKEN}) as svc:
-        yield svc
+live = live_service(env={"TRAINYARD_API_TOKEN": ADMIN_TOKEN})
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +76,11 @@ def test_signing_in_sets_an_httponly_strict_cookie_that_authenticates_later_requ
         # The header wins over the cookie: a wrong one is refused whatever the cookie holds.
         assert c.get("/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
 
-    # A form's post, and the admin's token (TRAINYARD_API_TOKEN), work as well.
-    r = httpx.post(f"{live.url}/session", data={"token": ADMIN_TOKEN})
-    assert r.status_code == 204 and cookie_attrs(r)["value"].startswith("tys_") and ADMIN_TOKEN not in r.text
+    # A form's post (its own operation, and to /session as before), and the admin's token (TRAINYARD_API_TOKEN),
+    # work as well.
+    for path in ("/session/form", "/session"):
+        r = httpx.post(f"{live.url}{path}", data={"token": ADMIN_TOKEN})
+        assert r.status_code == 204 and cookie_attrs(r)["value"].startswith("tys_") and ADMIN_TOKEN not in r.text
 
 
 def test_over_https_the_cookie_is_secure(live, team):
@@ -107,10 +106,13 @@ def test_a_wrong_revoked_or_missing_token_is_refused_and_sets_no_cookie(live, te
     with httpx.Client(base_url=live.url, cookies={"trainyard_token": revoked["token"]}) as c:
         assert c.get("/jobs").status_code == 401  # a cookie of a revoked token: refused at once
     for body in ({"json": {}}, {"json": {"token": "x" * 5000}}, {"content": b"{", "headers": {
-            "content-type": "application/json"}}, {"data": {"other": "x"}}):
-        r = httpx.post(f"{live.url}/session", **body)
-        assert r.status_code == 422 and "set-cookie" not in r.headers, r.text
-        assert "token" in r.json()["detail"]
+            "content-type": "application/json"}}, {"data": {"other": "x"}}, {"data": {"token": ""}}):
+        for path in ("/session", "/session/form"):
+            r = httpx.post(f"{live.url}{path}", **body)
+            assert r.status_code == 422 and "set-cookie" not in r.headers, r.text
+            assert "token" in r.json()["detail"]
+    r = httpx.post(f"{live.url}/session/form", data={"token": "wrong"})
+    assert r.status_code == 401 and "set-cookie" not in r.headers
 
 
 def test_signing_in_or_out_from_another_web_origin_is_refused(live, team):
@@ -118,10 +120,11 @@ def test_signing_in_or_out_from_another_web_origin_is_refused(live, team):
     host = live.url.split("//", 1)[1]
     for headers in ({"Origin": "https://evil.example"}, {"Origin": "null"}, {"Sec-Fetch-Site": "cross-site"},
                     {"Sec-Fetch-Site": "same-site"}):
-        for method, kw in (("POST", {"json": {"token": token}}), ("POST", {"data": {"token": token}}),
-                           ("DELETE", {})):
-            r = httpx.request(method, f"{live.url}/session", headers=headers, **kw)
-            assert r.status_code == 403 and "set-cookie" not in r.headers, (method, headers, r.text)
+        for method, path, kw in (("POST", "/session", {"json": {"token": token}}),
+                                 ("POST", "/session", {"data": {"token": token}}),
+                                 ("POST", "/session/form", {"data": {"token": token}}), ("DELETE", "/session", {})):
+            r = httpx.request(method, f"{live.url}{path}", headers=headers, **kw)
+            assert r.status_code == 403 and "set-cookie" not in r.headers, (method, path, headers, r.text)
     # The page's own origin may.
     for headers in ({"Origin": f"http://{host}"}, {"Sec-Fetch-Site": "same-origin"}):
         r = httpx.post(f"{live.url}/session", json={"token": token}, headers=headers)
@@ -152,11 +155,17 @@ def test_an_open_server_takes_only_tokens_it_knows(tmp_path):
 
 def test_the_session_routes_are_documented(live):
     doc = httpx.get(f"{live.url}/openapi.json").json()
-    ops = doc["paths"]["/session"]
+    ops, form = doc["paths"]["/session"], doc["paths"]["/session/form"]["post"]
     assert ops["post"]["operationId"] == "sign_in" and ops["delete"]["operationId"] == "sign_out"
-    assert set(ops["post"]["requestBody"]["content"]) == {"application/json", "application/x-www-form-urlencoded"}
-    assert {"204", "401", "403", "422"} <= ops["post"]["responses"].keys()
-    assert "security" not in ops["post"]  # no token needed to present one
+    assert form["operationId"] == "sign_in_form"
+    # One media type an operation (a client generator makes one body argument of each): JSON, and a form's.
+    session_in = {"schema": {"$ref": "#/components/schemas/SessionIn"}}
+    assert ops["post"]["requestBody"]["content"] == {"application/json": session_in}
+    assert form["requestBody"]["content"] == {"application/x-www-form-urlencoded": session_in}
+    assert doc["components"]["schemas"]["SessionIn"]["required"] == ["token"]
+    for op in (ops["post"], form):
+        assert {"204", "401", "403", "422"} <= op["responses"].keys()
+        assert "security" not in op  # no token needed to present one
 
 
 # ---- the page, in Chromium ---------------------------------------------------------------------------------------

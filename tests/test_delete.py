@@ -12,15 +12,15 @@ from contextlib import contextmanager
 import pytest
 from sqlalchemy import delete, func, insert, select, update
 
-from bench.common import postgres_schema
-from tests.conftest import slow_job, tiny_job
-from tests.service import Service
+from tests.helpers.jobs import slow_job, tiny_job
+from tests.helpers.service import Service
 from trainyard.app.core.errors import Conflict, NotFound
 from trainyard.app.core.layout import Layout
 from trainyard.app.core.storage import Store
 from trainyard.app.db import job_sweeps, jobs, metrics, read, sweeps, write
 from trainyard.app.jobs import queue
 from trainyard.app.jobs.submit import enqueue
+from trainyard.app.launcher import postgres_schema
 from trainyard.app.lifecycle import deletion, references
 from trainyard.app.records import job_reads
 from trainyard.app.spec import parse_spec
@@ -273,7 +273,7 @@ def test_delete_a_sweep_keeping_its_best_trial(tmp_path, request, backend):
 
 
 def test_a_dataset_delete_over_http_names_the_job_using_it(service):
-    from tests.test_uploads import iris_csv
+    from tests.helpers.data import iris_csv
     with service.client() as c:  # no worker: the job stays queued
         upload = c.post("/datasets", files={"file": ("iris.csv", iris_csv())}, data={"label_column": "species"})
         assert upload.status_code == 201, upload.text
@@ -320,7 +320,7 @@ def test_the_cli_pins_unpins_and_deletes(service):
     import subprocess
     import sys
 
-    from tests.service import ROOT
+    from tests.helpers.service import ROOT
 
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "trainyard", *args], cwd=ROOT, capture_output=True, text=True,
@@ -344,8 +344,8 @@ def test_the_dashboard_pins_unpins_and_deletes_an_ended_job_after_a_confirm(tmp_
     sync_api = pytest.importorskip("playwright.sync_api")
     from pathlib import Path
 
-    from tests.service import serving
-    from tests.test_dashboard import ARGS, CHROMIUM
+    from tests.helpers.browser import ARGS, CHROMIUM
+    from tests.helpers.service import serving
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} not installed")
     expect = sync_api.expect

@@ -9,8 +9,9 @@ import pytest
 from pydantic import TypeAdapter
 from sqlalchemy import delete, select
 
-from tests.conftest import on_both_backends, tiny_job
-from tests.service import ROOT
+from tests.helpers.backends import on_both_backends
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import ROOT
 from trainyard import Client
 from trainyard.app.core.errors import Invalid
 from trainyard.app.core.settings import Settings

@@ -9,22 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import tiny_job
-from tests.gpu_readings import MIG_CARD
-from tests.service import ROOT
+from tests.helpers.gpu_readings import BUILD, CPU, H100, L4, MIG_CARD, GiB, on, worker
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import ROOT
 from trainyard.app.fleet import devices_payload, gpu_order, hardware, nvml
-
-GiB = 2**30
-H100 = {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0", "compute_capability": "9.0",
-        "memory_total": 85_520_809_984, "memory_used": 31 * GiB, "memory_free": 85_520_809_984 - 31 * GiB,
-        "utilization_gpu": 97, "driver_version": "580.65.06"}
-BUILD = {"torch_version": "2.14.1", "cuda_version": "13.0", "cudnn_version": "9.24.0.43"}
-CPU = {"cores": 96, "memory_total": 2 * 1024 * GiB, "memory_available": 1900 * GiB}
-
-
-def worker(id, device, hb, state="busy", job=7, torch=None):
-    return {"id": id, "host": "gpu-host-1", "pid": 100, "device": device, "state": state, "job_id": job,
-            "stats": {"torch": torch, "build": {"cudnn_version": "9.24.0"}}, "last_heartbeat": hb}
 
 
 def test_h100_host():
@@ -73,20 +61,6 @@ def test_this_machine_reads_without_cuda():
 
 
 # ---- several hosts sharing one database ------------------------------------------------------------
-
-L4 = {"name": "NVIDIA L4", "compute_capability": "8.9", "memory_total": 24 * GiB, "memory_used": 2 * GiB,
-      "memory_free": 22 * GiB, "utilization_gpu": 10}
-
-
-def reading(gpus, own=None, cores=16):
-    return {"gpus": gpus, "device_uuid": own, "driver_version": "580.65.06",
-            "cpu": {"cores": cores, "memory_total": 128 * GiB, "memory_available": 100 * GiB}}
-
-
-def on(host, id, device, hb, gpus, own=None, cores=16, job=None, draining=False):
-    return {"id": id, "host": host, "pid": 7, "device": device, "state": "busy" if job else "idle", "job_id": job,
-            "last_heartbeat": hb, "draining": draining,
-            "stats": {"host": reading(gpus, own, cores), "torch": {"memory_allocated": GiB} if job else None}}
 
 
 def test_two_gpu_hosts_each_with_a_cuda0_worker_and_an_api_host_without_gpus():
@@ -187,8 +161,6 @@ def test_cuda_visible_devices_in_its_three_forms(monkeypatch, tmp_path):
     assert Worker(Settings(data_dir=tmp_path), "auto").device == "cuda:0"
     r = hardware.host_reading("cuda:0")  # before the warm-up's UUIDs: CUDA_VISIBLE_DEVICES parsed
     assert r["device_uuid"] == nv[2]["uuid"] and [g["index"] for g in r["gpus"]] == [None, None, 0, None]
-
-
 
 
 def test_mig_instances_are_gpus_with_their_own_uuid_and_memory(monkeypatch):

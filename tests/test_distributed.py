@@ -2,7 +2,6 @@
 whole batch; a stopped multi-rank job resumes exactly; a rank that dies ends the job, leaving no rank."""
 import multiprocessing as mp
 import os
-import re
 import signal
 import time
 
@@ -10,55 +9,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import tiny_job
-from tests.service import free_port
-from tests.test_runner import job_record
+from tests.helpers.jobs import tiny_job
+from tests.helpers.processes import gone
+from tests.helpers.runner import TERMINAL, JobProcess, plan_for
+from tests.helpers.service import free_port
 from trainyard.worker import distributed, runner
 from trainyard.worker.errors import RendezvousFailed
 from trainyard.worker.supervisor.plan import JobPlan
-
-TERMINAL = ("done", "error", "preempted")
-
-
-def plan_for(tmp_path, spec, ranks=(), name="run", resume_from=None, master="", local=()) -> JobPlan:
-    run_dir, ck = tmp_path / name / "art", tmp_path / name / "ck"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ck.mkdir(parents=True, exist_ok=True)
-    return JobPlan(job=job_record(spec), device="cpu", data_dir=tmp_path, run_dir=run_dir,
-                   checkpoint_stem=ck / "run-1.pt", resume_from=resume_from, threads=1, ranks=tuple(ranks),
-                   master=master, local_ranks=tuple(local))
-
-
-class JobProcess:
-    """The job process as a supervisor sees it: a process of its own and a pipe of events."""
-
-    def __init__(self, plan: JobPlan):
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=runner.run, args=(plan, child))
-        self.proc.start()
-        child.close()
-        self.events: list[dict] = []
-
-    def next_event(self, timeout: float = 120) -> dict:
-        assert self.conn.poll(timeout), f"no event in {timeout}s: {self.events}"
-        self.events.append(self.conn.recv())
-        return self.events[-1]
-
-    def until(self, kinds, timeout: float = 120) -> dict:
-        while True:
-            event = self.next_event(timeout)
-            if event["type"] in kinds:
-                return event
-            assert event["type"] not in TERMINAL, event
-
-    def finish(self, timeout: float = 120) -> dict:
-        final = self.until(TERMINAL, timeout)
-        self.proc.join(30)
-        return final
-
-    def rank_pids(self) -> list[int]:
-        return [int(m) for e in self.events if e["type"] == "log" for m in re.findall(r"rank \d+ pid (\d+)", e["line"])]
 
 
 def run_plan(plan: JobPlan) -> tuple[dict, list[dict]]:
@@ -69,14 +26,6 @@ def run_plan(plan: JobPlan) -> tuple[dict, list[dict]]:
 
 def epochs_of(events) -> list[dict]:
     return [e for e in events if e["type"] == "epoch"]
-
-
-def gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 # How the loop fits a model, on two ranks as on one: accumulation groups, clipping, a schedule, the best

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
-from tests.service import FAST_ENV, ROOT, free_port
+from tests.helpers.service import FAST_ENV, ROOT, free_port
 from trainyard.app.core.settings import Settings
 
 pytestmark = pytest.mark.slow  # starts the real server and workers

@@ -2,8 +2,8 @@
 PostgreSQL (a fresh schema per run): the claim, the wake-ups and the fencing under real contention."""
 import pytest
 
-from tests.conftest import tiny_job
-from tests.service import Service
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import Service
 
 pytestmark = pytest.mark.slow
 WORKERS, JOBS = 8, 500

@@ -13,9 +13,9 @@ import onnxruntime
 import pytest
 import torch
 
-from tests.conftest import tiny_job
-from tests.service import ROOT, Service, serving
-from tests.test_readme import run_block
+from tests.helpers.docs import run_block
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import ROOT, Service
 
 pytestmark = pytest.mark.slow  # starts the real server and a worker, trains, exports in subprocesses
 
@@ -28,12 +28,6 @@ IMAGE_JOB = {"kind": "train", "model": {"arch": "cifar_net"}, "data": {"dataset"
 DIGITS_JOB = {"kind": "train", "model": {"arch": "cnn", "channels": [4, 8]}, "data": {"dataset": "digits"},
               "train": {"epochs": 1, "batch_size": 64}, "device": "cpu"}
 DIGITS_ROWS = np.random.default_rng(1).integers(0, 17, size=(4, 64)).tolist()
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("export") / "data") as svc:
-        yield svc
 
 
 @pytest.fixture(scope="module")

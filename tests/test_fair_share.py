@@ -7,7 +7,7 @@ import time
 
 from sqlalchemy import select, update
 
-from tests.conftest import tiny_job
+from tests.helpers.jobs import tiny_job
 from trainyard.app import accounts
 from trainyard.app.db import jobs, read, write
 from trainyard.app.fleet import fair_share, placement

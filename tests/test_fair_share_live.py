@@ -10,9 +10,9 @@ from datetime import datetime
 
 import pytest
 
-from tests.conftest import BACKENDS, fresh_database
-from tests.service import Service, probe_plugin, run_job
-from tests.teams import make_team, service_engine
+from tests.helpers.backends import BACKENDS, fresh_database
+from tests.helpers.service import Service, probe_plugin, run_job
+from tests.helpers.teams import make_team, service_engine
 from trainyard.app import accounts
 
 pytestmark = pytest.mark.slow

@@ -7,18 +7,12 @@ import sys
 
 import pytest
 
-from tests.conftest import slow_job, tiny_job
-from tests.service import ROOT, serving
+from tests.helpers.jobs import slow_job, tiny_job
+from tests.helpers.service import ROOT
 from trainyard.app.client import DEPRECATED, Client
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 served = pytest.mark.slow  # the tests of the module's service (a server and a CPU worker); the docs' are quick
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("first-hour") / "data") as svc:
-        yield svc
 
 
 def cli(live, *args: str) -> subprocess.CompletedProcess:

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from tests.conftest import on_both_backends, slow_job, tiny_job
+from tests.helpers.backends import on_both_backends
+from tests.helpers.jobs import slow_job, tiny_job
 from trainyard.app.core.settings import Settings
 from trainyard.app.db import make_engine, migrate
 from trainyard.app.fleet import workers as registry
@@ -171,7 +172,7 @@ def test_a_device_that_fails_under_a_job_retries_it_on_another_worker(tmp_path):
 def test_a_worker_shows_the_job_it_began_at_once_not_a_heartbeat_later(tmp_path):
     """/workers names the job a worker runs as soon as it runs it: the heartbeat that says so is not held back
     to the next beat (30 s here, the first just past as the worker registered)."""
-    from tests.service import serving
+    from tests.helpers.service import serving
     with serving(tmp_path / "data", env={"TRAINYARD_HEARTBEAT_S": "30", "TRAINYARD_LEASE_S": "90"}) as svc:
         job = svc.submit(slow_job(epochs=100))
         svc.wait_state(job["id"], states=("running",), timeout=60, poll=0.05)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.service import ROOT
+from tests.helpers.service import ROOT
 from trainyard.app.cli import gpu_check
 
 TRAINYARD = Path(sys.executable).parent / "trainyard"  # the console script, as a GPU host runs it

@@ -17,8 +17,8 @@ from typing import cast
 
 import pytest
 
-from tests.conftest import slow_job, tiny_job
-from tests.service import Service
+from tests.helpers.jobs import slow_job, tiny_job
+from tests.helpers.service import Service
 from trainyard.app.core.settings import Settings
 from trainyard.app.db import make_engine, migrate
 from trainyard.app.fleet import nvml, placement, waiting

@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 from sqlalchemy import select
 
-from tests.conftest import BACKENDS, fresh_database, tiny_job
-from tests.service import Service
-from tests.teams import make_team, service_engine
+from tests.helpers.backends import BACKENDS
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import Service, live_service
+from tests.helpers.teams import service_engine
 from trainyard.app.cli.admin_commands import duration
 from trainyard.app.db import read, sessions
 
@@ -23,16 +23,8 @@ ROOT = "accounts-root-s3cret"
 TRAINYARD = Path(sys.executable).with_name("trainyard")
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-def live(request, tmp_path_factory):
-    """A server with TRAINYARD_API_TOKEN (no worker: queued jobs are enough here) and its team (ann, ben, ada)."""
-    with fresh_database(request.param, "acc") as url:
-        svc = Service(tmp_path_factory.mktemp("accounts") / "data", url,
-                      env={"TRAINYARD_API_TOKEN": ROOT}).start_server()
-        try:
-            yield svc, make_team(svc)
-        finally:
-            svc.stop()
+# A server with TRAINYARD_API_TOKEN (no worker: queued jobs are enough here) and its team (ann, ben, ada).
+live = live_service(workers=0, env={"TRAINYARD_API_TOKEN": ROOT}, backends=BACKENDS, team=True)
 
 
 def ok(r: httpx.Response, status: int = 200):
@@ -213,7 +205,6 @@ def test_the_sign_in_cookie_holds_a_session_not_the_token_and_ends_with_the_toke
     assert ok(httpx.get(f"{svc.url}/me", cookies=admin_cookie))["admin"] is True
     assert httpx.delete(f"{svc.url}/session", cookies=admin_cookie).status_code == 204
     assert httpx.get(f"{svc.url}/me", cookies=admin_cookie).status_code == 401
-
 
 
 def test_a_sweep_is_never_its_deleted_owners_namesake(engine):

@@ -6,11 +6,9 @@ running and jobs queued, which is all the caps count."""
 from contextlib import ExitStack
 
 import httpx
-import pytest
 
-from tests.conftest import tiny_job
-from tests.service import serving
-from tests.teams import make_team
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import live_service
 
 ROOT = "root-token-caps"
 # Parts: sweeps 1 and uploads 1 (half the cap, the default), streams 3 (set).
@@ -20,10 +18,7 @@ CSV = ("a,b,label\n" + "".join(f"{i},{i % 3},{'x' if i % 2 else 'y'}\n" for i in
 SWEEP = {"job": tiny_job(), "method": "grid", "parameters": {"train.lr": {"type": "choice", "values": [0.01, 0.05]}}}
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("caps") / "data", workers=0, env=CAPS) as svc:
-        yield svc, make_team(svc)
+live = live_service(workers=0, env=CAPS, team=True)
 
 
 def upload(c: httpx.Client) -> httpx.Response:

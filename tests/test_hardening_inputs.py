@@ -6,9 +6,9 @@ id. Each is now a 4xx naming where. And /workers showed every member each worker
 import httpx
 import pytest
 
-from tests.conftest import BACKENDS, fresh_database
-from tests.service import Service
-from tests.teams import make_team, service_engine
+from tests.helpers.backends import BACKENDS, fresh_database
+from tests.helpers.service import Service
+from tests.helpers.teams import make_team, service_engine
 from trainyard.app.fleet import workers as workers_registry
 
 JOB = {"kind": "train", "model": {"arch": "mlp"}, "data": {"dataset": "digits"}, "device": "cpu",

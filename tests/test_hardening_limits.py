@@ -8,9 +8,10 @@ import math
 import pytest
 from sqlalchemy import update
 
-from tests.conftest import BACKENDS, fresh_database, slow_job, tiny_job
-from tests.service import Service
-from tests.teams import make_team, service_engine
+from tests.helpers.backends import BACKENDS
+from tests.helpers.jobs import slow_job, tiny_job
+from tests.helpers.service import live_service
+from tests.helpers.teams import service_engine
 from trainyard.app.accounts import project_limits
 from trainyard.app.db import projects, write
 
@@ -22,17 +23,9 @@ PAST_THEIR_BOUNDS = [({"limits": {"devices": 99_999_999_999}}, "devices"),
                      ({"share": 1e308}, "share")]
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-def live(request, tmp_path_factory):
-    """The real server (preempting runs of a second or more) and a team, on each database; a test that needs a
-    worker starts one."""
-    with fresh_database(request.param, "lim") as url:
-        svc = Service(tmp_path_factory.mktemp("limits") / "data", url, env={"TRAINYARD_PREEMPT_MIN_RUN_S": "1"})
-        try:
-            svc.start_server()
-            yield svc, make_team(svc)
-        finally:
-            svc.stop()
+# The real server (preempting runs of a second or more) and a team, on each database; a test that needs a
+# worker starts one.
+live = live_service(workers=0, env={"TRAINYARD_PREEMPT_MIN_RUN_S": "1"}, backends=BACKENDS, team=True)
 
 
 def named(r, field: str) -> bool:

@@ -12,8 +12,8 @@ import stat
 import httpx
 import pytest
 
-from tests.service import Service
-from tests.teams import make_team
+from tests.helpers.service import Service
+from tests.helpers.teams import make_team
 from trainyard.app.api import create_app
 from trainyard.app.core import operator_token
 from trainyard.app.core.settings import Settings

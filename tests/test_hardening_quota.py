@@ -9,9 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.conftest import BACKENDS, fresh_database, tiny_job
-from tests.service import Service
-from tests.teams import Team, make_team
+from tests.helpers.backends import BACKENDS, fresh_database
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import Service
+from tests.helpers.teams import Team, make_team
 
 JOB = tiny_job(epochs=1)
 SWEEP = {"job": JOB, "method": "grid", "max_concurrent": 1, "metric": "val_loss",

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.service import free_port
+from tests.helpers.service import free_port
 from trainyard.worker import distributed, train_checkpoint
 from trainyard.worker.errors import RankMessageRefused
 

@@ -11,9 +11,10 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from tests.conftest import BACKENDS, fresh_database, slow_job, tiny_job
-from tests.service import Service
-from tests.teams import Team, make_team
+from tests.helpers.backends import BACKENDS
+from tests.helpers.jobs import slow_job, tiny_job
+from tests.helpers.service import live_service
+from tests.helpers.teams import Team
 from trainyard.app.api.deps import COOKIE
 from trainyard.app.api.streams import RECHECK_S, TOKEN_GONE
 
@@ -24,16 +25,7 @@ WAITING = {**tiny_job(), "device": "cuda"}  # no worker serves CUDA here: it sta
 PATIENCE_S = RECHECK_S + 3.0
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-def live(request, tmp_path_factory):
-    """A server with the team (ann in alpha, ada an admin) and a CPU worker."""
-    with fresh_database(request.param, "hardstreams") as url:
-        svc = Service(tmp_path_factory.mktemp("hardstreams") / "data", url)
-        try:
-            svc.start_server().start_worker("cpu")
-            yield svc, make_team(svc)
-        finally:
-            svc.stop()
+live = live_service(backends=BACKENDS, team=True)  # the team: ann in alpha, ada an admin
 
 
 def fresh_token(team: Team, user: str = "ann", project: str = "alpha") -> tuple[int, str]:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 
-from tests.conftest import tiny_job
-from tests.service import Service
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import Service
 from trainyard.app.core import storage
 from trainyard.app.core.layout import Layout, locked
 from trainyard.app.lifecycle import host_cache

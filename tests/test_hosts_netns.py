@@ -1,5 +1,5 @@
 """Hosts as separate as this machine can make them: network namespaces of their own, sharing only
-PostgreSQL and the S3 server, each reached through the bridge the test makes (bench/netns.py).
+PostgreSQL and the S3 server, each reached through the bridge the test makes (app/cli/netns.py).
 
 Ranks on two hosts meet at rank 0's address through torch's own TCPStore and all-reduce over gloo on
 the interface GLOO_SOCKET_IFNAME names. A job spread over two hosts takes the same steps as on two
@@ -24,11 +24,11 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from bench.common import postgres_schema
-from bench.netns import Host, Network, hosts, unavailable
-from tests.conftest import slow_job, tiny_job
-from tests.service import FAST_ENV, ROOT, Service, free_port, probe_plugin, run_job
-from tests.test_reliability import alive, job_pids, metrics, wait_checkpoint
+from tests.helpers.jobs import slow_job, tiny_job
+from tests.helpers.processes import alive, job_pids
+from tests.helpers.service import FAST_ENV, ROOT, Service, free_port, metrics, probe_plugin, run_job, wait_checkpoint
+from trainyard.app.cli.netns import Host, Network, hosts, unavailable
+from trainyard.app.launcher import postgres_schema
 from trainyard.worker.supervisor import reaper
 
 why_not = unavailable()

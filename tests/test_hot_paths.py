@@ -119,3 +119,15 @@ def test_healthz_is_one_trivial_statement(tmp_path, statements):
         assert answer.status_code == 200 and answer.json() == {"status": "ok"}
         assert [s.strip().upper() for s in seen] == ["SELECT 1"], seen
     serve(tmp_path, scenario)
+
+
+def test_the_server_parses_http_and_runs_its_loop_in_c(tmp_path):
+    """`trainyard serve` leaves uvicorn's choice on auto: httptools and uvloop when installed, which the project's
+    dependencies make sure of (without them, h11 and asyncio's loop saturated the server on the list at 200
+    requests/s: docs/performance.md)."""
+    import uvicorn
+
+    config = uvicorn.Config(create_app(Settings(data_dir=tmp_path)), http="auto", loop="auto")
+    config.load()
+    assert config.http_protocol_class.__name__ == "HttpToolsProtocol"
+    assert config.get_loop_factory().__module__.startswith("uvloop")

@@ -17,8 +17,8 @@ import httpx
 import pytest
 from packaging.requirements import Requirement
 
-from tests.conftest import tiny_job
-from tests.service import ROOT, Service
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import ROOT, Service
 
 pytestmark = pytest.mark.slow
 

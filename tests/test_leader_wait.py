@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.service import Service, free_port, probe_plugin
-from tests.test_distributed import JobProcess, gone, plan_for
+from tests.helpers.processes import gone
+from tests.helpers.runner import JobProcess, plan_for
+from tests.helpers.service import Service, free_port, probe_plugin
 
 pytestmark = pytest.mark.slow  # job processes with two ranks, each waiting out seconds on purpose
 

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.common import postgres_schema
 from trainyard.app.db import PG_CONNECTION_LIMITS, make_engine
+from trainyard.app.launcher import postgres_schema
 from trainyard.worker.supervisor.supervise import LeaseWatch
 
 

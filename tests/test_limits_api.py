@@ -15,38 +15,12 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import tiny_job
-from tests.service import Service, serving
+from tests.helpers.jobs import tiny_job
+from tests.helpers.processes import peak_rss, reset_peak
+from tests.helpers.service import Service
 
 pytestmark = pytest.mark.slow
 MiB = 1 << 20
-
-
-def _status_bytes(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no {field}")
-
-
-def rss(pid: int) -> int:
-    """The process's resident memory now (VmRSS)."""
-    return _status_bytes(pid, "VmRSS")
-
-
-def peak_rss(pid: int) -> int:
-    """The process's peak resident memory (VmHWM) since the last reset_peak()."""
-    return _status_bytes(pid, "VmHWM")
-
-
-def reset_peak(pid: int) -> None:
-    Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("limits") / "data") as svc:
-        yield svc
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +110,7 @@ def test_another_site_cannot_act_and_a_rebound_name_is_not_answered(live):
 def test_a_page_on_another_site_in_a_real_browser_changes_nothing(live, tmp_path):
     """A page served from another local port auto-submits a form and no-cors fetches to the API."""
     sync_api = pytest.importorskip("playwright.sync_api")
-    from tests.test_dashboard import ARGS, CHROMIUM
+    from tests.helpers.browser import ARGS, CHROMIUM
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} not installed")
     job = live.submit({**tiny_job(), "device": "cuda:7"})

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import tiny_job
-from tests.service import serving
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import serving
 
 pytestmark = pytest.mark.slow  # a server and a worker, a trained job, export subprocesses started (then killed)
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from tests.conftest import slow_job, tiny_job
-from tests.service import Service
+from tests.helpers.jobs import slow_job, tiny_job
+from tests.helpers.service import Service
 from trainyard.worker.supervisor import memory
 
 pytestmark = pytest.mark.slow

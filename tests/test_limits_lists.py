@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.service import probe_plugin, run_job, serving
-from tests.test_limits_api import peak_rss, reset_peak
+from tests.helpers.processes import peak_rss, reset_peak
+from tests.helpers.service import probe_plugin, run_job, serving
 from trainyard.app.api.routes.jobs import NEXT_SINCE
 from trainyard.app.spec import MAX_METRIC_KEYS, MAX_METRIC_NAME
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service import probe_plugin, run_job, serving
-from tests.test_limits_api import peak_rss, reset_peak
+from tests.helpers.processes import gone, peak_rss, reset_peak
+from tests.helpers.service import probe_plugin, run_job, serving
 
 pytestmark = pytest.mark.slow
 MiB = 1 << 20
@@ -86,14 +86,6 @@ def live(probes, tmp_path_factory):
     with serving(tmp_path_factory.mktemp("logs") / "data", env={"TRAINYARD_JOB_LOG_BYTES": str(CAP)},
                  worker_env={"PYTHONPATH": str(probes)}) as svc:
         yield svc
-
-
-def gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError):  # reaped before open, or between open and read
-        return True
 
 
 def wait_gone(pids: list[int], within: float) -> float:

@@ -12,12 +12,12 @@ import psycopg
 import pytest
 from sqlalchemy import insert, text, update
 
-from bench.common import postgres_schema
-from tests.conftest import tiny_job
-from tests.service import Service
-from tests.test_limits_api import rss
+from tests.helpers.jobs import tiny_job
+from tests.helpers.processes import rss
+from tests.helpers.service import Service
 from trainyard.app.db import jobs, make_engine, metrics, sweeps, write
 from trainyard.app.jobs import submit
+from trainyard.app.launcher import postgres_schema
 from trainyard.app.spec import SweepSpec, TrainJob
 
 pytestmark = pytest.mark.slow

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from tests.conftest import tiny_job
-from tests.service import Service
-from tests.test_limits_api import rss
+from tests.helpers.jobs import tiny_job
+from tests.helpers.processes import rss
+from tests.helpers.service import Service
 
 pytestmark = pytest.mark.slow
 

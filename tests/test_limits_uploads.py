@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from bench.limits import csv_long_label, csv_wide, disk, npz_zeros, zip_entries, zip_inflating
-from tests.conftest import tiny_job
-from tests.service import Service, serving
-from tests.test_limits_api import peak_rss, reset_peak
-from tests.test_uploads import iris_csv
+from tests.helpers.data import iris_csv
+from tests.helpers.jobs import tiny_job
+from tests.helpers.processes import peak_rss, reset_peak
+from tests.helpers.service import Service, live_service
 from trainyard.app import uploads
 from trainyard.app.core import errors
 from trainyard.worker import dataset_cache
@@ -25,11 +25,7 @@ MiB = 1 << 20
 SMALL = 40 * MiB
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("upload-limits") / "data", workers=0,
-                 env={"TRAINYARD_MAX_UPLOADS": "3"}) as svc:
-        yield svc
+live = live_service(workers=0, env={"TRAINYARD_MAX_UPLOADS": "3"})
 
 
 def post(live, name: str, content: bytes, **form):

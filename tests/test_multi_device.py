@@ -1,7 +1,6 @@
 """Jobs on several devices through the real service: CPU workers lend their devices to a job's ranks;
 kill, SIGTERM and cancel stop every rank, and the job resumes from its checkpoint."""
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -9,28 +8,18 @@ import time
 
 import pytest
 
-from tests.conftest import on_both_backends, slow_job, tiny_job
-from tests.test_reliability import alive, job_pids, metrics, wait_checkpoint
+from tests.helpers.backends import on_both_backends
+from tests.helpers.jobs import slow_job, tiny_job
+from tests.helpers.processes import alive, all_gone, job_pids, rank_pids
+from tests.helpers.service import metrics, wait_checkpoint
 
 pytestmark = pytest.mark.slow  # starts the real server and workers
 service_backend = on_both_backends()
 
 
-def rank_pids(service, job_id) -> list[int]:
-    with service.client() as c:
-        return [int(p) for p in re.findall(r"rank \d+ pid (\d+)", c.get(f"/jobs/{job_id}/logs").text)]
-
-
 def workers_by_id(service) -> dict[str, dict]:
     with service.client() as c:
         return {w["id"]: w for w in c.get("/workers").json()}
-
-
-def all_gone(pids: list[int], within: float) -> bool:
-    deadline = time.monotonic() + within
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not any(alive(p) for p in pids)
 
 
 def two_device_job(**train) -> dict:

@@ -9,11 +9,10 @@ import signal
 import pytest
 import safetensors.torch
 
-from bench.common import postgres_schema
-from tests.conftest import IRIS_JOB, slow_job
-from tests.service import Service
-from tests.test_reliability import metrics, wait_checkpoint
-from tests.test_uploads import iris_csv
+from tests.helpers.data import iris_csv
+from tests.helpers.jobs import IRIS_JOB, slow_job
+from tests.helpers.service import Service, metrics, wait_checkpoint
+from trainyard.app.launcher import postgres_schema
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 

@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from tests.conftest import on_both_backends, tiny_job
-from tests.service import ROOT
+from tests.helpers.backends import on_both_backends
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import ROOT
 from trainyard import Client
 
 pytestmark = pytest.mark.slow  # starts the real server and workers

@@ -1,10 +1,12 @@
 """The OpenAPI document as validators and generators take it: valid OpenAPI 3.1 (openapi-spec-validator), and a
 client generated from it (openapi-python-client, offline) that drives the real server and worker through a
 job's life, an upload and a sweep, with and without a token, parsing every answer (errors included) into its
-declared model; the answers are also checked against the document's schemas."""
+declared model; the answers are also checked against the document's schemas. Every module the generator writes
+imports (one operation with two media types once generated a module that did not)."""
 import importlib
 import io
 import json
+import pkgutil
 import subprocess
 import sys
 import time
@@ -12,11 +14,11 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
-from openapi_schema_validator import OAS31Validator
 from openapi_spec_validator import validate
 
-from tests.conftest import tiny_job
-from tests.service import TERMINAL, serving
+from tests.helpers.jobs import tiny_job
+from tests.helpers.openapi import conforms
+from tests.helpers.service import TERMINAL, serving
 from trainyard.app.fleet import devices_payload, nvml
 
 TOKEN = "s3cret-openapi"
@@ -44,6 +46,7 @@ OPERATIONS = {
     ("post", "/admin/users/{name}/tokens"): "issue_token", ("delete", "/admin/tokens/{token_id}"): "revoke_token",
     ("get", "/admin/audit"): "list_audit",
     ("patch", "/admin/users/{name}"): "update_user", ("delete", "/admin/users/{name}"): "delete_user",
+    ("post", "/session"): "sign_in", ("post", "/session/form"): "sign_in_form", ("delete", "/session"): "sign_out",
 }
 ERROR = {"$ref": "#/components/schemas/ErrorPublic"}
 
@@ -79,11 +82,16 @@ def api(document, tmp_path_factory):
             del sys.modules[name]
 
 
-def conforms(document: dict, op_id: str, status: int, body) -> None:
-    """body validates against what the document declares op_id answers with status."""
-    op = next(o for methods in document["paths"].values() for o in methods.values() if o["operationId"] == op_id)
-    schema = op["responses"][str(status)]["content"]["application/json"]["schema"]
-    OAS31Validator({**schema, "components": document["components"]}).validate(body)
+def test_every_generated_module_imports(api):
+    modules = [m.name for m in pkgutil.walk_packages(api.__path__, "ty_api.")]
+    assert "ty_api.api.session.sign_in" in modules and "ty_api.api.jobs.job_result" in modules
+    failed = {}
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # every module's failure, named
+            failed[name] = repr(e)
+    assert not failed, failed
 
 
 def test_the_document_is_valid_openapi_3_1_and_says_what_the_server_does(document):
@@ -109,7 +117,14 @@ def test_the_document_is_valid_openapi_3_1_and_says_what_the_server_does(documen
     for op_id in ("list_devices", "catalog", "healthz", "job_result", "sweep_curves"):
         op = next(o for o in ops.values() if o["operationId"] == op_id)
         assert "$ref" in op["responses"]["200"]["content"]["application/json"]["schema"], op_id
+    for (method, path), op in ops.items():  # one media type an operation: generators make one body argument
+        assert len(op.get("requestBody", {"content": [None]})["content"]) == 1, (method, path)
     schemas = document["components"]["schemas"]
+    # A job's whole result: typed by kind, no discriminator (nothing in it says its kind), the free-form last.
+    kinds = [ref["$ref"].rsplit("/", 1)[1] for ref in schemas["FullJobResult"]["anyOf"]]
+    assert kinds == ["PredictionResult", "EvaluationResult", "TrainResult", "RunResult"]
+    assert "predictions" in schemas["PredictionResult"]["required"] and "epochs" in schemas["TrainResult"]["required"]
+    assert "confusion_matrix" in schemas["EvaluationResult"]["required"]
     upload = schemas["Body_upload_dataset"]["properties"]["file"]
     assert upload["type"] == "string" and upload["format"] == "binary"
     assert schemas["SweepPublic"]["properties"]["state"] == {"$ref": "#/components/schemas/SweepState"}
@@ -122,7 +137,7 @@ def test_the_document_is_valid_openapi_3_1_and_says_what_the_server_does(documen
 def test_devices_of_gpu_hosts_conform(document):
     """/devices as GPU hosts answer it (readings shaped like NVML's, as tests/test_devices.py records them): this
     machine has no GPU to show, the document must still type them."""
-    from tests.test_devices import BUILD, CPU, H100, L4, on, worker
+    from tests.helpers.gpu_readings import BUILD, CPU, H100, L4, on, worker
 
     nv = [{**H100, "nvml_index": i, "uuid": f"GPU-{i}"} for i in range(2)]
     mig = [{**H100, "uuid": "MIG-0", "mig_parent": "GPU-9", "utilization_gpu": None, "index": 0}]
@@ -163,7 +178,7 @@ def client(api, open_service):
 @pytest.mark.slow
 def test_a_generated_client_drives_the_service(api, client, document, open_service):
     from ty_api.api.datasets import get_dataset, upload_dataset
-    from ty_api.api.jobs import cancel_job, get_job, job_artifact, job_logs, job_metrics, job_result, submit_job
+    from ty_api.api.jobs import cancel_job, get_job, job_artifact, job_logs, job_metrics, submit_job
     from ty_api.api.sweeps import cancel_sweep, get_sweep, submit_sweep, sweep_curves
     from ty_api.api.system import catalog, healthz, list_devices, list_workers
     from ty_api.models import BodyUploadDataset, ErrorPublic, JobState, PredictJob, SweepSpec, SweepState, TrainJob
@@ -181,8 +196,10 @@ def test_a_generated_client_drives_the_service(api, client, document, open_servi
     predict = submit_job.sync(client=client, body=PredictJob.from_dict(
         {"kind": "predict", "model_job": job.id, "inputs": [[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]]}))
     assert wait(client, predict.id).state == JobState.SUCCEEDED
-    result = job_result.sync(predict.id, client=client)
-    assert len(result.additional_properties["predictions"]) == 2
+    evaluate = submit_job.sync(client=client, body=PredictJob.from_dict(
+        {"kind": "predict", "model_job": job.id, "data": {"dataset": "iris", "split": "val"}}))
+    assert wait(client, evaluate.id).state == JobState.SUCCEEDED
+    results_are_typed(client, job.id, predict.id, evaluate.id)
     assert b"" != job_artifact.sync(job.id, client=client).payload.read()
     assert "epoch" in job_logs.sync(job.id, client=client)
 
@@ -226,12 +243,32 @@ def test_a_generated_client_drives_the_service(api, client, document, open_servi
                             ("list_jobs", "/jobs?include=spec,errors,result"),
                             ("job_metrics", f"/jobs/{job.id}/metrics"),
                             ("job_result", f"/jobs/{predict.id}/result"), ("job_result", f"/jobs/{job.id}/result"),
+                            ("job_result", f"/jobs/{evaluate.id}/result"),
                             ("get_sweep", f"/sweeps/{sweep.id}"), ("sweep_curves", f"/sweeps/{sweep.id}/curves"),
                             ("list_devices", "/devices"), ("catalog", "/catalog"), ("healthz", "/healthz"),
                             ("list_datasets", "/datasets")):
             r = c.get(path)
             assert r.status_code == 200, (path, r.text)
             conforms(document, op_id, 200, r.json())
+
+
+def results_are_typed(client, trained: int, predicted: int, evaluated: int) -> None:
+    """GET /jobs/{id}/result of each kind, parsed into its kind's model: its fields typed attributes."""
+    from ty_api.api.jobs import job_result
+    from ty_api.models import EvaluationResult, PredictionResult, TrainResult
+
+    result = job_result.sync(predicted, client=client)
+    assert isinstance(result, PredictionResult) and len(result.predictions) == 2, result
+    assert not result.additional_properties  # every field the worker writes is declared
+    row = result.predictions[1]
+    assert row.index == 1 and row.class_ in result.class_names and len(row.probabilities) == len(result.class_names)
+    train = job_result.sync(trained, client=client)
+    assert isinstance(train, TrainResult) and train.epochs == 3 and train.input_shape == [4], train
+    assert train.val_accuracy >= 0 and not train.additional_properties
+    scores = job_result.sync(evaluated, client=client)
+    assert isinstance(scores, EvaluationResult) and scores.samples == sum(map(sum, scores.confusion_matrix)), scores
+    assert set(scores.per_class_accuracy.additional_properties) == set(scores.class_names)
+    assert not scores.additional_properties
 
 
 def _until(read, done, timeout: float = 60):

@@ -16,7 +16,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.service import ROOT
+from tests.helpers.service import ROOT
 from trainyard.app.cli import gpu_check
 
 pytestmark = pytest.mark.slow

@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from tests.conftest import tiny_job
+from tests.helpers.jobs import tiny_job
 from trainyard.app.db import make_engine, migrate
 from trainyard.app.fleet import placement, waiting
 from trainyard.app.jobs import queue, submit

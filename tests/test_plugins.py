@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from tests.conftest import IRIS_JOB, tiny_job
-from tests.service import Service, serving
-from tests.test_reliability import alive, job_pids
+from tests.helpers.jobs import IRIS_JOB, tiny_job
+from tests.helpers.processes import alive, job_pids
+from tests.helpers.service import Service
 from trainyard import APIError, Client
 
 pytestmark = pytest.mark.slow
@@ -18,12 +18,6 @@ pytestmark = pytest.mark.slow
 def cifar(epochs: int, **config) -> dict:
     return {"kind": "run", "entrypoint": "cifar_loop", "device": "cpu",
             "config": {"epochs": epochs, "size": 200, "batch_size": 20, **config}}
-
-
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("plugins") / "data") as svc:
-        yield svc
 
 
 def metrics(svc, job_id) -> list[dict]:

@@ -4,9 +4,9 @@ import os
 import psycopg
 import pytest
 
-from bench.common import postgres_schema
-from tests.conftest import slow_job, tiny_job
-from tests.service import Service
+from tests.helpers.jobs import slow_job, tiny_job
+from tests.helpers.service import Service
+from trainyard.app.launcher import postgres_schema
 
 ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 APP = f"trainyard_failover_{os.getpid()}"

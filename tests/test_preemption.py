@@ -8,8 +8,9 @@ import pytest
 from safetensors.torch import load
 from sqlalchemy import select, update
 
-from tests.conftest import BACKENDS, fresh_database, slow_job, tiny_job
-from tests.service import FAST_ENV, Service
+from tests.helpers.backends import BACKENDS, fresh_database
+from tests.helpers.jobs import slow_job, tiny_job
+from tests.helpers.service import FAST_ENV, Service
 from trainyard.app import accounts
 from trainyard.app.accounts import audit
 from trainyard.app.core.settings import Settings

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from tests.conftest import tiny_job
-from tests.test_runner import job_record
+from tests.helpers.jobs import tiny_job
+from tests.helpers.runner import job_record
 from trainyard.app.core.settings import Settings
 from trainyard.worker.supervisor import prepare
 

@@ -10,9 +10,10 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import BACKENDS, fresh_database, tiny_job
-from tests.service import TERMINAL, Service
-from tests.teams import make_team, service_engine
+from tests.helpers.backends import BACKENDS
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import TERMINAL, Service, live_service
+from tests.helpers.teams import service_engine
 from trainyard.app import accounts
 from trainyard.app.accounts import audit
 
@@ -75,16 +76,8 @@ def every_listed(c: httpx.Client, **params) -> tuple[set[int], int]:
         offset = page["next_offset"]
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-def live(request, tmp_path_factory):
-    """A server with TRAINYARD_API_TOKEN set and a CPU worker, with the team (ann, ben, ada) on its database."""
-    with fresh_database(request.param, "projjobs") as url:
-        svc = Service(tmp_path_factory.mktemp("projects") / "data", url, env={"TRAINYARD_API_TOKEN": ADMIN_TOKEN})
-        try:
-            svc.start_server().start_worker("cpu")
-            yield svc, make_team(svc)
-        finally:
-            svc.stop()
+# A server with TRAINYARD_API_TOKEN set and a CPU worker, with the team (ann, ben, ada) on its database.
+live = live_service(env={"TRAINYARD_API_TOKEN": ADMIN_TOKEN}, backends=BACKENDS, team=True)
 
 
 def test_another_projects_job_is_a_job_that_does_not_exist(live):

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from tests.conftest import on_both_backends, tiny_job
-from tests.teams import make_team, service_engine
-from tests.test_uploads import iris_csv
+from tests.helpers.backends import on_both_backends
+from tests.helpers.data import iris_csv
+from tests.helpers.jobs import tiny_job
+from tests.helpers.teams import make_team, service_engine
 from trainyard.app import accounts, uploads
 from trainyard.app.accounts import audit
 from trainyard.app.core.errors import NotFound

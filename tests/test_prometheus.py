@@ -5,10 +5,11 @@ by device and reason class, the oldest queued job's age, workers' heartbeat age.
 import time
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import delete, update
 
-from tests.conftest import on_both_backends, slow_job, tiny_job
+from tests.helpers.backends import on_both_backends
+from tests.helpers.jobs import slow_job, tiny_job
+from tests.helpers.prometheus import Samples, parse, value
 from trainyard.app.core.states import Failure, error_record
 from trainyard.app.db import jobs, write
 from trainyard.app.fleet import workers as registry
@@ -19,23 +20,6 @@ from trainyard.app.spec import parse_spec
 service_backend = on_both_backends()
 
 FAILING = {**tiny_job(), "model": {"arch": "cifar_net"}}  # iris rows are not 3x32x32 images
-Samples = dict[tuple[str, frozenset], float]
-
-
-def parse(text: str) -> tuple[dict[str, str], Samples]:
-    """Each family's type, and every sample by (name, labels)."""
-    types, samples = {}, {}
-    for family in text_string_to_metric_families(text):
-        types[family.name] = family.type
-        for s in family.samples:
-            key = (s.name, frozenset(s.labels.items()))
-            assert key not in samples, f"{key} twice"
-            samples[key] = s.value
-    return types, samples
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples[(name, frozenset(labels.items()))]
 
 
 def cumulative(types: dict[str, str], samples: Samples) -> Samples:

@@ -11,10 +11,9 @@ import time
 import pytest
 from sqlalchemy import insert, select
 
-from tests.conftest import tiny_job
-from tests.service import ROOT, serving
-from tests.test_search import run_trial, sweep_spec
-from tests.test_sweeps import start, wait_sweep
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import ROOT, live_service
+from tests.helpers.sweeps import run_trial, start_sweep, sweep_spec, wait_sweep
 from trainyard.app.core.settings import Settings
 from trainyard.app.core.states import Failure, error_record
 from trainyard.app.db import jobs, make_engine, migrate, write
@@ -105,18 +104,15 @@ def states(engine) -> list[str]:
         return list(conn.execute(select(jobs.c.state).order_by(jobs.c.id)).scalars())
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("pruning") / "data", workers=2) as svc:
-        yield svc
+live = live_service(workers=2)
 
 
 @pytest.mark.slow
 def test_a_pruned_trial_stops_where_it_says_is_pruned_everywhere_and_runs_to_its_end_on_retry(live):
     epochs = 600
-    made = start(live, job=tiny_job(epochs, batch_size=8), method="grid", max_concurrent=1, seed=1,
-                 parameters={"train.lr": {"type": "choice", "values": [0.05, 1e-6]}},
-                 pruner={"type": "median", "startup_trials": 1, "warmup_epochs": 5})
+    made = start_sweep(live, job=tiny_job(epochs, batch_size=8), method="grid", max_concurrent=1, seed=1,
+                       parameters={"train.lr": {"type": "choice", "values": [0.05, 1e-6]}},
+                       pruner={"type": "median", "startup_trials": 1, "warmup_epochs": 5})
     done = wait_sweep(live, made["id"])
     assert done["counts"] == {"queued": 0, "running": 0, "succeeded": 1, "pruned": 1, "failed": 0, "cancelled": 0}
     bad = next(t for t in done["trials"] if t["params"]["train.lr"] == 1e-6)

@@ -5,7 +5,7 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from tests.conftest import IRIS_JOB, tiny_job
+from tests.helpers.jobs import IRIS_JOB, tiny_job
 from trainyard.app.core import errors
 from trainyard.app.db import make_engine, migrate
 from trainyard.app.jobs import queue

@@ -12,9 +12,8 @@ import time
 import pytest
 from sqlalchemy import delete, insert, select, update
 
-from tests.conftest import tiny_job
-from tests.service import TERMINAL, Service
-from tests.teams import make_team
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import TERMINAL, live_service
 from trainyard.app import accounts
 from trainyard.app.accounts import ADMIN, Principal, quotas
 from trainyard.app.core.errors import Conflict
@@ -171,15 +170,8 @@ def test_the_collector_measures_what_each_project_stores(engine, tmp_path, remot
     assert project_storage.stored(engine) == {alpha: a}
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    """A server with a CPU worker and the team (ann in alpha, ben in beta, ada an admin), on SQLite."""
-    svc = Service(tmp_path_factory.mktemp("quotas") / "data", "", env={"TRAINYARD_API_TOKEN": "ops-quotas"})
-    try:
-        svc.start_server().start_worker("cpu")
-        yield svc, make_team(svc)
-    finally:
-        svc.stop()
+# A server with a CPU worker and the team (ann in alpha, ben in beta, ada an admin), on SQLite.
+live = live_service(env={"TRAINYARD_API_TOKEN": "ops-quotas"}, team=True)
 
 
 def wait(c, job_id: int, states=TERMINAL, timeout: float = 120) -> dict:

@@ -1,12 +1,11 @@
 """The README's curl walk-through and docs/plugins.md's examples, run as written against a live server and worker."""
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.service import ROOT
+from tests.helpers.docs import run_block
+from tests.helpers.service import ROOT
 
 pytestmark = pytest.mark.slow  # starts the real server and workers
 
@@ -30,11 +29,6 @@ def documents(text: str) -> list:
 
 def walkthrough_blocks() -> list[tuple[str, str]]:
     return blocks("Walk-through with curl")
-
-
-def run_block(lang: str, code: str, cwd, timeout: float = 60) -> subprocess.CompletedProcess:
-    argv = ["bash", "-euo", "pipefail", "-c", code] if lang == "sh" else [sys.executable, "-c", code]
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
 def test_readme_walkthrough(service, tmp_path):

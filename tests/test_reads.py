@@ -8,11 +8,11 @@ import time
 import pytest
 from sqlalchemy import text
 
-from bench.common import PG_ADMIN, postgres_schema
-from tests.conftest import tiny_job
+from tests.helpers.jobs import tiny_job
 from trainyard.app.api.reads import INLINE_BUSY_MS, LoopReader
 from trainyard.app.db import make_engine, migrate
 from trainyard.app.jobs import submit
+from trainyard.app.launcher import PG_ADMIN, postgres_schema
 from trainyard.app.records import job_reads
 from trainyard.app.spec import parse_spec
 

@@ -15,11 +15,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 
-from bench.common import postgres_schema
-from tests.service import ROOT, Service
+from tests.helpers.service import ROOT, Service
 from trainyard.app.db import make_engine, metadata, migrate
 from trainyard.app.db.migrate_releases import SchemaUnknown
 from trainyard.app.jobs import queue
+from trainyard.app.launcher import postgres_schema
 from trainyard.app.records import job_reads
 
 RELEASES = Path(__file__).parent / "fixtures" / "releases"

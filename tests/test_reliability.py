@@ -9,40 +9,13 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import on_both_backends, slow_job, tiny_job
-from tests.service import Service
+from tests.helpers.backends import on_both_backends
+from tests.helpers.jobs import slow_job, tiny_job
+from tests.helpers.processes import alive, job_pids
+from tests.helpers.service import Service, metrics, wait_checkpoint
 
 pytestmark = pytest.mark.slow  # starts the real server and workers
 service_backend = on_both_backends()
-
-
-def job_pids(service, job_id) -> list[int]:
-    with service.client() as c:
-        return [int(p) for p in re.findall(r"job process pid (\d+)", c.get(f"/jobs/{job_id}/logs").text)]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead too: it only waits for its parent to reap it.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_checkpoint(service, job_id, epoch: int) -> dict:
-    service.wait_until(lambda: (service.job(job_id)["checkpoint_epoch"] or 0) >= epoch, 120,
-                       f"job {job_id} to checkpoint epoch {epoch}")
-    return service.job(job_id)
-
-
-def metrics(service, job_id) -> list[dict]:
-    with service.client() as c:
-        return c.get(f"/jobs/{job_id}/metrics").json()
 
 
 def test_sigkill_worker_job_resumes_on_another_worker(service):

@@ -18,12 +18,12 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
-from bench.common import postgres_schema
-from tests.conftest import tiny_job
-from tests.service import Service, probe_plugin, run_job
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import Service, probe_plugin, run_job
 from trainyard.app.core.settings import Settings
 from trainyard.app.core.storage import Store
 from trainyard.app.db import jobs, make_engine, read
+from trainyard.app.launcher import postgres_schema
 from trainyard.app.lifecycle import collector
 
 pytestmark = pytest.mark.slow

@@ -2,34 +2,14 @@
 import pytest
 import torch
 
-from tests.conftest import tiny_job
-from trainyard.app.core.states import JobState
-from trainyard.app.records import Job
-from trainyard.worker import runner, train
+from tests.helpers.jobs import tiny_job
+from tests.helpers.runner import run_in_process
+from trainyard.worker import train
 from trainyard.worker.errors import JobError, Preempted
-from trainyard.worker.supervisor.plan import JobPlan
-
-
-def job_record(spec: dict, job_id: int = 1) -> Job:
-    blank = {name: None for name in Job.__dataclass_fields__}
-    return Job(**{**blank, "id": job_id, "kind": spec["kind"], "state": JobState.RUNNING, "spec": spec,
-                  "attempt": 1, "claim": 1, "errors": []})
-
-
-def run_job(tmp_path, spec=None, **plan):
-    events = []
-    (tmp_path / "art").mkdir(exist_ok=True)
-    (tmp_path / "ck").mkdir(exist_ok=True)
-    runner.execute(JobPlan(job=job_record(spec or tiny_job()), device="cpu", data_dir=tmp_path,
-                           run_dir=tmp_path / "art", checkpoint_stem=tmp_path / "ck" / "run-1.pt", **plan),
-                   events.append)
-    final = [e for e in events if e["type"] in ("done", "error", "preempted")]
-    assert len(final) == 1, events
-    return final[0], events
 
 
 def test_success_reports_epochs_then_done(tmp_path):
-    final, events = run_job(tmp_path)
+    final, events = run_in_process(tmp_path)
     assert final["type"] == "done" and final["result"]["epochs"] == 2
     assert [e["epoch"] for e in events if e["type"] == "epoch"] == [1, 2]
     assert (tmp_path / "art" / "model.safetensors").is_file()
@@ -47,7 +27,7 @@ def test_failures_are_classified(tmp_path, monkeypatch, exc, cls):
     def boom(spec, ctx):
         raise exc
     monkeypatch.setattr(train, "train", boom)
-    final, _ = run_job(tmp_path, memory_budget=3 << 30)
+    final, _ = run_in_process(tmp_path, memory_budget=3 << 30)
     assert final["type"] == "error" and final["error"]["class"] == cls
     assert final["error"]["type"] == type(exc).__name__ and final["error"]["traceback"]
     if isinstance(exc, torch.OutOfMemoryError):
@@ -60,11 +40,11 @@ def test_preempted(tmp_path, monkeypatch):
     def stop(spec, ctx):
         raise Preempted()
     monkeypatch.setattr(train, "train", stop)
-    assert run_job(tmp_path)[0]["type"] == "preempted"
+    assert run_in_process(tmp_path)[0]["type"] == "preempted"
 
 
 def test_a_spec_the_worker_cannot_parse_is_the_jobs_error(tmp_path):
-    final, _ = run_job(tmp_path, spec={**tiny_job(), "model": {"arch": "no-such-net"}})
+    final, _ = run_in_process(tmp_path, spec={**tiny_job(), "model": {"arch": "no-such-net"}})
     assert final["type"] == "error" and final["error"]["class"] == "job"
     assert "no-such-net" in final["error"]["message"]
 
@@ -96,11 +76,11 @@ def test_the_job_s_device_is_made_current_first_and_cublas_is_set_before_cuda(tm
     monkeypatch.setattr(train, "train", lambda spec, ctx: calls.append(("train", ctx.device)) or {})
     monkeypatch.setattr(entrypoints, "run", lambda spec, ctx, attempt: calls.append(("run", ctx.device)) or {})
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")
-    run_job(tmp_path)
+    run_in_process(tmp_path)
     assert calls == [("use_device", torch.device("cpu"), ""), ("train", torch.device("cpu"))]
     calls.clear()
-    run_job(tmp_path, {"kind": "run", "entrypoint": "cifar_loop", "device": "cpu"})
+    run_in_process(tmp_path, {"kind": "run", "entrypoint": "cifar_loop", "device": "cpu"})
     assert [c[:2] for c in calls] == [("use_device", torch.device("cpu")), ("run", torch.device("cpu"))]
     calls.clear()
-    run_job(tmp_path, tiny_job(deterministic=True))
+    run_in_process(tmp_path, tiny_job(deterministic=True))
     assert calls[0] == ("use_device", torch.device("cpu"), ":4096:8")

@@ -13,9 +13,9 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from bench.common import postgres_schema
-from tests.service import ROOT, Service
+from tests.helpers.service import ROOT, Service
 from trainyard.app.db import make_engine, metadata, migrate
+from trainyard.app.launcher import postgres_schema
 
 FIXTURE = Path(__file__).parent / "fixtures" / "release-8399c49"
 

@@ -11,7 +11,8 @@ from optuna.storages import JournalStorage
 from sqlalchemy import event, func, select
 
 from bench.sweep_pass import Work, running_sweeps
-from tests.conftest import tiny_job
+from tests.helpers.jobs import tiny_job
+from tests.helpers.sweeps import run_trial, sweep_spec
 from trainyard.app.core.errors import Invalid
 from trainyard.app.core.settings import Settings
 from trainyard.app.db import jobs, sweep_log, sweeps
@@ -25,24 +26,6 @@ from trainyard.app.sweeps.study import ENCODING, INDEX, STUDY, Journal, LostSwee
 @pytest.fixture
 def settings(tmp_path, backend_url):
     return Settings(data_dir=tmp_path / "data", database_url=backend_url, node_name="host-a")
-
-
-def sweep_spec(**over) -> SweepSpec:
-    body = {"job": tiny_job(epochs=4), "method": "random", "max_trials": 4, "max_concurrent": 2,
-            "parameters": {"train.lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True}}, **over}
-    return SweepSpec.model_validate(body)
-
-
-def run_trial(engine, losses: list[float], finish: bool = True):
-    """Be the worker: claim the next job, report an epoch per loss, succeed with the last."""
-    job = queue.claim(engine, "w", "cpu", 30)
-    assert job is not None and job.sweep is not None
-    epochs = [(i + 1, {"train_loss": v, "val_loss": v, "val_accuracy": 0.5}) for i, v in enumerate(losses)]
-    queue.record_progress(engine, job.id, job.claim, epochs)
-    if finish:
-        queue.succeed(engine, job.id, job.claim, {"val_loss": losses[-1], "val_accuracy": 0.5,
-                                                  "train_loss": losses[-1]}, None)
-    return job
 
 
 def trial_jobs(engine, sweep_id):

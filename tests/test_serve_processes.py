@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import slow_job
-from tests.service import Service
+from tests.helpers.jobs import slow_job
+from tests.helpers.service import Service
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,9 @@ import pytest
 import safetensors.torch
 import torch
 
-from tests.conftest import IRIS_JOB, on_both_backends, tiny_job
-from tests.service import ROOT, Service
+from tests.helpers.backends import on_both_backends
+from tests.helpers.jobs import IRIS_JOB, tiny_job
+from tests.helpers.service import ROOT, Service
 from trainyard.app.spec import parse_spec
 from trainyard.worker import nets
 

@@ -5,7 +5,7 @@ tests/test_hosts_netns.py."""
 import pytest
 from sqlalchemy import update
 
-from tests.conftest import tiny_job
+from tests.helpers.jobs import tiny_job
 from trainyard.app.db import workers, write
 from trainyard.app.fleet import placement, spread, waiting
 from trainyard.app.fleet import workers as registry

@@ -10,8 +10,8 @@ import torch
 import torchvision
 from pydantic import ValidationError
 
-from tests.conftest import tiny_job
-from tests.service import ROOT, serving
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import ROOT, serving
 from trainyard.app.spec import ALL_ARCHS, ModelSpec, catalog, parse_spec
 from trainyard.worker import nets, starting, train
 from trainyard.worker.errors import JobError, Preempted

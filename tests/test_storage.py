@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import tiny_job
-from tests.service import free_port
-from tests.test_runner import run_job
+from tests.helpers.jobs import tiny_job
+from tests.helpers.runner import run_in_process
+from tests.helpers.service import free_port
 from trainyard.app import uploads
 from trainyard.app.core import storage
 from trainyard.app.core.errors import Invalid, NotFound, Unavailable
@@ -104,7 +104,7 @@ def test_storage_url_is_checked_at_startup(monkeypatch):
 
 
 def test_a_job_process_publishes_its_checkpoints_and_model_to_the_bucket(bucket, tmp_path):
-    final, events = run_job(tmp_path, tiny_job(epochs=2, checkpoint_every_s=0), storage_url=bucket.url)
+    final, events = run_in_process(tmp_path, tiny_job(epochs=2, checkpoint_every_s=0), storage_url=bucket.url)
     assert final["type"] == "done"
     checkpoints = [e["path"] for e in events if e["type"] == "checkpoint"]
     keys = bucket.keys()
@@ -124,7 +124,7 @@ def test_an_unreachable_store_fails_the_run_as_infrastructure(tmp_path, monkeypa
     with pytest.raises(Unavailable):
         store.fetch("logs/2.log")
     (tmp_path / "job").mkdir()
-    final, _ = run_job(tmp_path / "job", tiny_job(epochs=1), storage_url="s3://nowhere/p")
+    final, _ = run_in_process(tmp_path / "job", tiny_job(epochs=1), storage_url="s3://nowhere/p")
     assert final["type"] == "error" and final["error"]["class"] == "infrastructure", final
     assert "object storage s3://nowhere/p/" in final["error"]["message"]
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from tests.conftest import tiny_job
-from tests.service import serving
-from tests.test_openapi import conforms
-from tests.test_prometheus import parse, value
+from tests.helpers.jobs import tiny_job
+from tests.helpers.openapi import conforms
+from tests.helpers.prometheus import parse, value
+from tests.helpers.service import live_service
 from trainyard.app.client import APIError, Client
 from trainyard.app.core.layout import EXPORT_FILES
 from trainyard.app.db import jobs, make_engine, write
@@ -30,10 +30,7 @@ FOLDERS = {"artifacts": "artifacts", "checkpoints": "checkpoints", "logs": "logs
 WHY = "not among sweep 7's best 3 trials (keep_best)"
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("storage") / "data", env=RULES) as svc:
-        yield svc
+live = live_service(env=RULES)
 
 
 def listing(data: Path) -> dict[str, dict[str, int]]:

@@ -5,15 +5,14 @@ after that event; an id beyond the stream gets `reset` and then the whole stream
 import json
 import os
 import signal
-from contextlib import nullcontext
 
 import pytest
 import sseclient
 from httpx_sse import connect_sse
 
-from bench.common import postgres_schema
-from tests.conftest import BACKENDS, slow_job, tiny_job
-from tests.service import Service
+from tests.helpers.backends import BACKENDS
+from tests.helpers.jobs import slow_job, tiny_job
+from tests.helpers.service import live_service
 from trainyard import Client
 
 pytestmark = pytest.mark.slow  # starts the real server and a worker
@@ -23,16 +22,8 @@ GRID = {"job": tiny_job(epochs=3), "method": "grid", "max_concurrent": 1,
         "parameters": {"train.lr": {"type": "choice", "values": [0.01, 0.05, 0.1]}}}
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-def live(request, tmp_path_factory):
-    """A server and a CPU worker, on SQLite and on PostgreSQL (whose transactions interleave differently)."""
-    with postgres_schema("streams") if request.param == "postgres" else nullcontext("") as url:
-        svc = Service(tmp_path_factory.mktemp("streams") / "data", url)
-        try:
-            svc.start_server().start_worker("cpu")
-            yield svc
-        finally:
-            svc.stop()
+# A server and a CPU worker, on SQLite and on PostgreSQL (whose transactions interleave differently).
+live = live_service(backends=BACKENDS)
 
 
 def key(event_id: str | None) -> tuple[int, ...]:

@@ -9,36 +9,16 @@ from datetime import datetime
 import httpx
 import pytest
 
-from bench.common import postgres_schema
-from tests.conftest import BACKENDS, slow_job, tiny_job
-from tests.service import ROOT, Service, serving
+from tests.helpers.backends import BACKENDS
+from tests.helpers.jobs import slow_job, tiny_job
+from tests.helpers.service import ROOT, Service, live_service
+from tests.helpers.sweeps import start_sweep, wait_sweep
+from trainyard.app.launcher import postgres_schema
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("sweeps") / "data", workers=2) as svc:
-        yield svc
-
-
-def start(svc, **body) -> dict:
-    r = svc.client().post("/sweeps", json=body)
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-def wait_sweep(svc, sweep_id: int, timeout: float = 120, watch=None) -> dict:
-    deadline = time.monotonic() + timeout
-    with svc.client() as c:
-        while time.monotonic() < deadline:
-            s = c.get(f"/sweeps/{sweep_id}").json()
-            if watch:
-                watch(s)
-            if s["state"] != "running" and not (s["counts"]["queued"] or s["counts"]["running"]):
-                return s
-            time.sleep(0.1)
-    raise AssertionError(f"sweep {sweep_id} still running after {timeout} s: {s}")
+live = live_service(workers=2)
 
 
 def iris(epochs: int, **train) -> dict:
@@ -47,9 +27,9 @@ def iris(epochs: int, **train) -> dict:
 
 def test_a_grid_sweep_runs_every_combination_and_names_the_best(live):
     lrs, hidden = [0.002, 0.05], [[8], [16, 16]]
-    made = start(live, name="grid", job=iris(10), method="grid", max_concurrent=2,
-                 parameters={"train.lr": {"type": "choice", "values": lrs},
-                             "model.hidden": {"type": "choice", "values": hidden}})
+    made = start_sweep(live, name="grid", job=iris(10), method="grid", max_concurrent=2,
+                       parameters={"train.lr": {"type": "choice", "values": lrs},
+                                   "model.hidden": {"type": "choice", "values": hidden}})
     assert made["state"] == "running" and made["max_trials"] == 4 and made["direction"] == "minimize"
     # The events stream tells each trial's changes and ends when the sweep does.
     events = []
@@ -94,8 +74,9 @@ def test_a_grid_sweep_runs_every_combination_and_names_the_best(live):
 
 def test_tpe_keeps_to_max_concurrent_and_improves_on_its_random_start(live):
     seen = []
-    made = start(live, job=iris(15, batch_size=16), method="tpe", max_trials=12, max_concurrent=2, startup_trials=4,
-                 seed=3, parameters={"train.lr": {"type": "float", "low": 1e-4, "high": 0.3, "log": True}})
+    made = start_sweep(live, job=iris(15, batch_size=16), method="tpe", max_trials=12, max_concurrent=2,
+                       startup_trials=4, seed=3,
+                       parameters={"train.lr": {"type": "float", "low": 1e-4, "high": 0.3, "log": True}})
     done = wait_sweep(live, made["id"], watch=lambda s: seen.append(s["counts"]["queued"] + s["counts"]["running"]))
     assert done["state"] == "succeeded" and done["counts"]["succeeded"] == 12
     assert max(seen) <= 2
@@ -112,9 +93,9 @@ def test_tpe_keeps_to_max_concurrent_and_improves_on_its_random_start(live):
 
 def test_the_median_rule_prunes_a_clearly_bad_trial_before_its_last_epoch(live):
     epochs = 600
-    made = start(live, job=iris(epochs, batch_size=8), method="grid", max_concurrent=1, seed=1,
-                 parameters={"train.lr": {"type": "choice", "values": [0.05, 0.03, 1e-6]}},
-                 pruner={"type": "median", "startup_trials": 1, "warmup_epochs": 5})
+    made = start_sweep(live, job=iris(epochs, batch_size=8), method="grid", max_concurrent=1, seed=1,
+                       parameters={"train.lr": {"type": "choice", "values": [0.05, 0.03, 1e-6]}},
+                       pruner={"type": "median", "startup_trials": 1, "warmup_epochs": 5})
     freed_after = {}
 
     def watch(s):
@@ -145,8 +126,8 @@ def test_the_median_rule_prunes_a_clearly_bad_trial_before_its_last_epoch(live):
 
 
 def test_cancelling_a_sweep_stops_its_trials_and_makes_no_more(live):
-    made = start(live, job=slow_job(epochs=500), method="random", max_trials=10, max_concurrent=2,
-                 parameters={"train.lr": {"type": "float", "low": 1e-3, "high": 0.1, "log": True}})
+    made = start_sweep(live, job=slow_job(epochs=500), method="random", max_trials=10, max_concurrent=2,
+                       parameters={"train.lr": {"type": "float", "low": 1e-3, "high": 0.1, "log": True}})
     with live.client() as c:
         live.wait_until(lambda: c.get(f"/sweeps/{made['id']}").json()["counts"]["running"] == 2, 60, "two running")
         r = c.post(f"/sweeps/{made['id']}/cancel")
@@ -173,8 +154,8 @@ def restart_mid_sweep(svc: Service) -> None:
     svc.start_server()
     try:
         svc.start_worker("cpu")
-        made = start(svc, job=iris(300, batch_size=8), method="random", max_trials=6, max_concurrent=1,
-                     parameters={"train.lr": {"type": "float", "low": 1e-3, "high": 0.1, "log": True}})
+        made = start_sweep(svc, job=iris(300, batch_size=8), method="random", max_trials=6, max_concurrent=1,
+                           parameters={"train.lr": {"type": "float", "low": 1e-3, "high": 0.1, "log": True}})
         with svc.client() as c:
             svc.wait_until(lambda: c.get(f"/sweeps/{made['id']}").json()["counts"]["succeeded"] >= 2, 60, "two done")
             before = c.get(f"/sweeps/{made['id']}").json()
@@ -219,8 +200,8 @@ def test_a_run_job_sweeps_its_config_on_the_metrics_it_reports(live):
     """Your own training program (the example plugin's cifar_loop) is swept like a train job: paths into
     its config, the metric it reports with ctx.report, the direction from the metric."""
     job = {"kind": "run", "entrypoint": "cifar_loop", "device": "cpu", "config": {"epochs": 2, "size": 120}}
-    made = start(live, job=job, method="grid", metric="val_accuracy",
-                 parameters={"config.lr": {"type": "choice", "values": [0.001, 0.01]}})
+    made = start_sweep(live, job=job, method="grid", metric="val_accuracy",
+                       parameters={"config.lr": {"type": "choice", "values": [0.001, 0.01]}})
     assert made["direction"] == "maximize"
     done = wait_sweep(live, made["id"])
     assert done["state"] == "succeeded" and done["counts"]["succeeded"] == 2
@@ -234,7 +215,7 @@ def test_a_run_job_sweeps_its_config_on_the_metrics_it_reports(live):
 def test_the_readme_sweep_runs_as_written(live):
     section = (ROOT / "docs/sweeps.md").read_text().split("# Sweeps\n", 1)[1].split("\n## ", 1)[0]
     body = json.loads(section.split("cat > sweep.json <<'JSON'\n", 1)[1].split("\nJSON\n", 1)[0])
-    done = wait_sweep(live, start(live, **body)["id"], timeout=300)
+    done = wait_sweep(live, start_sweep(live, **body)["id"], timeout=300)
     assert done["state"] == "succeeded" and done["trial_count"] == 20
     assert sum(done["counts"].values()) == 20 and done["counts"]["failed"] == 0
     assert set(done["best"]["params"]) == set(body["parameters"])

@@ -14,7 +14,7 @@ import tomllib
 import pytest
 from packaging.requirements import Requirement
 
-from tests.service import ROOT
+from tests.helpers.service import ROOT
 
 pytestmark = pytest.mark.slow
 

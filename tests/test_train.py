@@ -1,16 +1,14 @@
 """worker/train.py (and the devices helpers it leans on): accuracy, determinism, exact resume, failures, precision."""
-import copy
 import math
 from pathlib import Path
 
 import pytest
-import safetensors.torch
 import torch
 
-from trainyard.app.spec import TRAIN_EXAMPLE, TrainParams, parse_spec
+from tests.helpers.runner import make_ctx, of_type, train_spec, weights
+from trainyard.app.spec import TrainParams, parse_spec
 from trainyard.worker import data, data_sources, nets, torch_devices, train
 from trainyard.worker.errors import JobError, Preempted
-from trainyard.worker.job_context import JobContext
 
 # Seed 000's printed losses (epochs 1, 11, ..., 91). The tutorial's iris.csv is the UCI copy, which
 # differs from sklearn's (shipped here) in two samples; with those two restored, our job follows it.
@@ -18,41 +16,11 @@ TUTORIAL_LOSSES = [1.15071142, 0.93773186, 0.77982736, 0.60996711, 0.40083539, 0
                    0.10086147, 0.08127660, 0.07230931]
 UCI_IRIS_ROWS = {34: [4.9, 3.1, 1.5, 0.1], 37: [4.9, 3.1, 1.5, 0.1]}
 
-def make_ctx(root: Path, events: list, name: str = "run", resume_path=None, stop_after_steps=None) -> JobContext:
-    calls = [0]
-
-    def stop_requested():
-        calls[0] += 1
-        return stop_after_steps is not None and calls[0] > stop_after_steps
-
-    run = root / name
-    return JobContext(job_id=1, device=torch.device("cpu"), data_dir=root / "data", artifact_dir=run / "artifact",
-                      checkpoint_path=run / "checkpoint.pt", resume_path=resume_path, emit=events.append,
-                      stop_requested=stop_requested)
-
-
-def job(model=None, data_=None, **train_params):
-    raw = copy.deepcopy(TRAIN_EXAMPLE)
-    if model is not None:
-        raw["model"] = model
-    if data_ is not None:
-        raw["data"] = data_
-    raw["train"].update(train_params)
-    return parse_spec(raw)
-
-
-def of_type(events, kind):
-    return [e for e in events if e["type"] == kind]
-
-
-def weights(artifact_dir: Path) -> dict:
-    return safetensors.torch.load_file(artifact_dir / "model.safetensors")
-
 
 def test_iris_tutorial_job(tmp_path):
     events = []
     ctx = make_ctx(tmp_path, events)
-    summary = train.train(job(checkpoint_every_s=0), ctx)
+    summary = train.train(train_spec(checkpoint_every_s=0), ctx)
     assert summary["val_accuracy"] >= 0.9
     epochs = of_type(events, "epoch")
     assert [e["epoch"] for e in epochs] == list(range(1, 101)) and epochs[0]["epochs"] == 100
@@ -83,7 +51,7 @@ def test_iris_job_reproduces_the_tutorial_losses(tmp_path, monkeypatch):
         return raw
     monkeypatch.setitem(data_sources.LOADERS, "iris", uci_iris)
     events = []
-    train.train(job(checkpoint_every=0), make_ctx(tmp_path, events))
+    train.train(train_spec(checkpoint_every=0), make_ctx(tmp_path, events))
     losses = [e["train_loss"] for e in of_type(events, "epoch")][::10]
     # Same split, same initial weights, same Adam steps; the tutorial ran on a GPU, hence the tolerance.
     assert losses[0] == pytest.approx(TUTORIAL_LOSSES[0], abs=1e-6)
@@ -101,7 +69,7 @@ def test_digits_cnn_learns_quickly_with_default_training_params(tmp_path):
 
 
 def test_same_seed_same_run(tmp_path):
-    spec = job(model={"arch": "mlp", "dropout": 0.2}, data_={"dataset": "digits"}, epochs=2, batch_size=100)
+    spec = train_spec(model={"arch": "mlp", "dropout": 0.2}, data_={"dataset": "digits"}, epochs=2, batch_size=100)
     runs = []
     for name in ("a", "b"):
         events = []
@@ -109,8 +77,8 @@ def test_same_seed_same_run(tmp_path):
         runs.append(([e["train_loss"] for e in of_type(events, "epoch")], weights(tmp_path / name / "artifact")))
     assert runs[0][0] == runs[1][0]
     assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
-    other, events = job(model={"arch": "mlp", "dropout": 0.2}, data_={"dataset": "digits"}, epochs=2, batch_size=100,
-                        seed=1), []
+    other, events = train_spec(model={"arch": "mlp", "dropout": 0.2}, data_={"dataset": "digits"}, epochs=2,
+                               batch_size=100, seed=1), []
     train.train(other, make_ctx(tmp_path, events, "c"))
     assert [e["train_loss"] for e in of_type(events, "epoch")] != runs[0][0]
 
@@ -119,8 +87,8 @@ def test_same_seed_same_run(tmp_path):
 @pytest.mark.parametrize("stop_after, done_epochs, done_steps", [(17, 1, 5), (12, 1, 0), (0, 0, 0), (35, 2, 11)])
 def test_resume_continues_exactly(tmp_path, stop_after, done_epochs, done_steps):
     # Dropout and batch norm make the comparison sensitive to the RNG and buffer state too.
-    spec = job(model={"arch": "cnn", "channels": [8, 16], "dropout": 0.3}, data_={"dataset": "digits"},
-               epochs=3, batch_size=128, lr=3e-3, checkpoint_every=1)
+    spec = train_spec(model={"arch": "cnn", "channels": [8, 16], "dropout": 0.3}, data_={"dataset": "digits"},
+                      epochs=3, batch_size=128, lr=3e-3, checkpoint_every=1)
     full_events = []
     full = train.train(spec, make_ctx(tmp_path, full_events, "full"))
 
@@ -157,7 +125,7 @@ def test_an_unreadable_resume_file_starts_over_and_says_so(tmp_path, torn, reaso
         torch.save({"model": {"w": torch.zeros(1000)}}, path)
         path.write_bytes(path.read_bytes()[:2000])
     events = []
-    summary = train.train(job(epochs=2), make_ctx(tmp_path, events, resume_path=path))
+    summary = train.train(train_spec(epochs=2), make_ctx(tmp_path, events, resume_path=path))
     assert summary["resumed_from_epoch"] is None and [e["epoch"] for e in of_type(events, "epoch")] == [1, 2]
     [restart] = of_type(events, "restart")  # once, before any epoch: the supervisor drops the stale history
     assert events.index(restart) < events.index(of_type(events, "epoch")[0])
@@ -173,26 +141,26 @@ def test_diverging_loss_is_a_job_error(tmp_path, monkeypatch):
         return d
     monkeypatch.setattr(data, "load", poisoned)
     with pytest.raises(JobError, match=r"loss became nan at epoch 1; lower the learning rate"):
-        train.train(job(epochs=3), make_ctx(tmp_path, []))
+        train.train(train_spec(epochs=3), make_ctx(tmp_path, []))
 
 
 def test_bf16_runs_on_cpu(tmp_path):
-    summary = train.train(job(precision="bf16", epochs=60), make_ctx(tmp_path, []))
+    summary = train.train(train_spec(precision="bf16", epochs=60), make_ctx(tmp_path, []))
     assert summary["applied"]["precision"] == "bf16" and not summary["applied"]["notes"]
     assert summary["val_accuracy"] >= 0.8
 
 
 def test_fp16_falls_back_to_fp32_on_cpu(tmp_path):
-    summary = train.train(job(precision="fp16", epochs=2), make_ctx(tmp_path, []))
+    summary = train.train(train_spec(precision="fp16", epochs=2), make_ctx(tmp_path, []))
     assert summary["applied"]["precision"] == "fp32"
     assert any("fp16" in note for note in summary["applied"]["notes"])
 
 
 def test_channels_last_applies_to_images_only(tmp_path):
-    cnn = train.train(job(model={"arch": "cnn", "channels": [8]}, data_={"dataset": "digits"}, epochs=1,
-                          channels_last=True), make_ctx(tmp_path, [], "cnn"))
+    cnn = train.train(train_spec(model={"arch": "cnn", "channels": [8]}, data_={"dataset": "digits"}, epochs=1,
+                                 channels_last=True), make_ctx(tmp_path, [], "cnn"))
     assert cnn["applied"]["channels_last"] == "on"
-    mlp = train.train(job(channels_last=True, epochs=1), make_ctx(tmp_path, [], "mlp"))
+    mlp = train.train(train_spec(channels_last=True, epochs=1), make_ctx(tmp_path, [], "mlp"))
     assert mlp["applied"]["channels_last"] == "off" and mlp["applied"]["notes"]
 
 
@@ -200,7 +168,7 @@ def test_compile_failure_falls_back_to_eager(tmp_path, monkeypatch):
     def broken_compile(model, *a, **kw):
         raise RuntimeError("no C++ compiler found\nmore detail")
     monkeypatch.setattr(torch, "compile", broken_compile)
-    summary = train.train(job(compile=True, epochs=100), make_ctx(tmp_path, []))
+    summary = train.train(train_spec(compile=True, epochs=100), make_ctx(tmp_path, []))
     assert summary["applied"]["compile"] == "fell back to eager"
     assert summary["applied"]["compile_error"] == "RuntimeError: no C++ compiler found"
     assert any("torch.compile failed" in note and "no C++ compiler" in note for note in summary["applied"]["notes"])
@@ -209,9 +177,9 @@ def test_compile_failure_falls_back_to_eager(tmp_path, monkeypatch):
 
 def test_compile_for_real(tmp_path):
     # About 30 s on 2 cores (Inductor compiles C++ with gcc): worth it, the option must really work.
-    compiled = train.train(job(compile=True, epochs=5, checkpoint_every=0), make_ctx(tmp_path, [], "compiled"))
+    compiled = train.train(train_spec(compile=True, epochs=5, checkpoint_every=0), make_ctx(tmp_path, [], "compiled"))
     assert compiled["applied"]["compile"] == "on"
-    train.train(job(epochs=5, checkpoint_every=0), make_ctx(tmp_path, [], "eager"))
+    train.train(train_spec(epochs=5, checkpoint_every=0), make_ctx(tmp_path, [], "eager"))
     want, got = weights(tmp_path / "eager" / "artifact"), weights(tmp_path / "compiled" / "artifact")
     assert want.keys() == got.keys()  # no _orig_mod. prefix
     assert all(torch.allclose(want[k], got[k], atol=1e-5) for k in want)
@@ -333,7 +301,7 @@ def test_evaluation_batches_halve_to_fit_and_say_what_to_change_when_nothing_fit
         infer.evaluate(_OomAbove(32), x, y, 1024, torch.device("cpu"), min_batch=64)
 
     # In a train job: out of memory even at train.batch_size, the job fails `oom` saying so.
-    from tests.test_runner import run_job
+    from tests.helpers.runner import run_in_process
     real_build = nets.build_model
 
     def oom_in_eval(spec, shape, classes):
@@ -346,7 +314,7 @@ def test_evaluation_batches_halve_to_fit_and_say_what_to_change_when_nothing_fit
     mp = pytest.MonkeyPatch()
     mp.setattr(nets, "build_model", oom_in_eval)
     try:
-        final, _ = run_job(tmp_path)
+        final, _ = run_in_process(tmp_path)
     finally:
         mp.undo()
     assert final["error"]["class"] == "oom" and final["error"]["type"] == "EvaluationOutOfMemory"
@@ -379,6 +347,6 @@ def test_cuda_job_reports_memory(tmp_path):
     events = []
     ctx = make_ctx(tmp_path, events)
     ctx.device = torch_devices.resolve("cuda:0")
-    summary = train.train(job(epochs=5, precision="fp16"), ctx)
+    summary = train.train(train_spec(epochs=5, precision="fp16"), ctx)
     assert summary["peak_memory_allocated"] > 0 and summary["applied"]["tf32"] == "on"
     assert "memory_allocated" in of_type(events, "epoch")[0]

@@ -12,7 +12,7 @@ import torch
 from pydantic import ValidationError
 from torch import nn
 
-from tests.test_train import job, make_ctx, of_type, weights
+from tests.helpers.runner import make_ctx, of_type, train_spec, weights
 from trainyard.app.spec import TRAIN_EXAMPLE, parse_spec
 from trainyard.worker import artifacts, infer, train
 from trainyard.worker.errors import Preempted
@@ -27,7 +27,7 @@ def lrs(events) -> list[float]:
 
 def run(tmp_path, name="run", **params):
     events = []
-    result = train.train(job(**params), make_ctx(tmp_path, events, name))
+    result = train.train(train_spec(**params), make_ctx(tmp_path, events, name))
     return result, events
 
 
@@ -79,7 +79,7 @@ def test_accumulating_k_batches_of_b_equals_one_batch_of_k_times_b(tmp_path, sma
 
 
 def test_clipping_bounds_the_gradient_norm(tmp_path):
-    spec = job(epochs=1, lr=1.0, grad_clip_norm=0.05)
+    spec = train_spec(epochs=1, lr=1.0, grad_clip_norm=0.05)
     r = train.build(spec, make_ctx(tmp_path, []))
     train.step_on(r, r.data.x_train, r.data.y_train)
     norm = nn.utils.get_total_norm([p.grad for p in r.model.parameters()])
@@ -87,7 +87,7 @@ def test_clipping_bounds_the_gradient_norm(tmp_path):
     pre_clip = r.take_grad_norm()["grad_norm"]
     assert pre_clip > 0.5  # the raw gradient was an order of magnitude larger
 
-    unclipped = train.build(job(epochs=1, lr=1.0), make_ctx(tmp_path, [], "plain"))
+    unclipped = train.build(train_spec(epochs=1, lr=1.0), make_ctx(tmp_path, [], "plain"))
     train.step_on(unclipped, unclipped.data.x_train, unclipped.data.y_train)
     assert nn.utils.get_total_norm([p.grad for p in unclipped.model.parameters()]) == pytest.approx(pre_clip)
 
@@ -96,7 +96,7 @@ def test_clipping_bounds_the_gradient_norm(tmp_path):
 
 
 def test_label_smoothing_is_in_the_training_loss(tmp_path):
-    spec = job(epochs=1, label_smoothing=0.3)
+    spec = train_spec(epochs=1, label_smoothing=0.3)
     r = train.build(spec, make_ctx(tmp_path, [], "build"))
     with torch.no_grad():
         logits = r.model(r.data.x_train)
@@ -145,7 +145,7 @@ def test_keep_best_saves_the_best_evaluated_epoch(tmp_path):
     assert result["kept"] == "best" and result["kept_epoch"] == best < 30
     assert result["val_loss"] == evaluated[best]["val_loss"] != evaluated[30]["val_loss"]
     model, _ = artifacts.load_model(tmp_path / "run" / "artifact", torch.device("cpu"))
-    r = train.build(job(), make_ctx(tmp_path, [], "data"))
+    r = train.build(train_spec(), make_ctx(tmp_path, [], "data"))
     loss, accuracy, _ = infer.evaluate(model, r.data.x_val, r.data.y_val, 1024, torch.device("cpu"))
     assert loss == pytest.approx(evaluated[best]["val_loss"], rel=1e-6)
     assert accuracy == evaluated[best]["val_accuracy"]
@@ -174,7 +174,7 @@ OPTIONS = dict(model={"arch": "mlp", "hidden": [16], "dropout": 0.2}, data_={"da
 
 @pytest.mark.parametrize("stop_after", [8, 30])  # digits: 23 batches per epoch, so 8 groups of 3
 def test_a_run_with_every_option_resumes_exactly(tmp_path, stop_after):
-    spec = job(**OPTIONS)
+    spec = train_spec(**OPTIONS)
     full_events = []
     full = train.train(spec, make_ctx(tmp_path, full_events, "full"))
     first_events = []
@@ -214,23 +214,23 @@ def test_bad_options_name_their_field(train_params, field):
 
 def test_deterministic_turns_on_deterministic_algorithms_and_says_so(tmp_path):
     # cuDNN's autotuner (on by default) is off in a deterministic job without being asked; both asked: 422 above.
-    spec = job(deterministic=True, epochs=1)
-    assert spec.train.cudnn_benchmark is False and job().train.cudnn_benchmark is True
+    spec = train_spec(deterministic=True, epochs=1)
+    assert spec.train.cudnn_benchmark is False and train_spec().train.cudnn_benchmark is True
     try:
         result = train.train(spec, make_ctx(tmp_path, []))
         assert torch.are_deterministic_algorithms_enabled()  # process-wide: the job process's own
     finally:
         torch.use_deterministic_algorithms(False)
     assert result["applied"]["deterministic"] == "on"
-    assert train.train(job(epochs=1), make_ctx(tmp_path, [], "plain"))["applied"]["deterministic"] == "off"
+    assert train.train(train_spec(epochs=1), make_ctx(tmp_path, [], "plain"))["applied"]["deterministic"] == "off"
     assert not torch.are_deterministic_algorithms_enabled()
 
 
 def test_stored_spec_keeps_only_the_fields_that_apply():
-    spec = job(lr_schedule={"name": "step"}, keep="last").model_dump(mode="json")["train"]
+    spec = train_spec(lr_schedule={"name": "step"}, keep="last").model_dump(mode="json")["train"]
     assert spec["lr_schedule"] == {"name": "step", "warmup_epochs": 0.0, "step_epochs": 30, "gamma": 0.1}
     assert "keep_metric" not in spec
-    assert job(keep="best").model_dump(mode="json")["train"]["keep_metric"] == "val_loss"
+    assert train_spec(keep="best").model_dump(mode="json")["train"]["keep_metric"] == "val_loss"
 
 
 def test_through_the_service_an_early_stopped_job_succeeds_with_its_best_epoch(service):
@@ -270,7 +270,7 @@ def test_augmentation_changes_what_the_loop_trains_on(tmp_path):
 
 
 def test_the_readme_example_job_is_valid_and_trains(tmp_path):
-    from tests.service import ROOT
+    from tests.helpers.service import ROOT
     section = (ROOT / "docs/training.md").read_text().split("## Training options\n", 1)[1].split("\n## ", 1)[0]
     body = json.loads(re.search(r"-d '(\{.*?\})'", section, re.S).group(1))
     spec = parse_spec(body)
@@ -308,8 +308,8 @@ def test_small_cpu_steps_run_on_one_thread_and_say_so(tmp_path):
 def test_a_model_whose_modules_are_versioned_keeps_its_best_epoch_resumes_and_reloads(tmp_path):
     # torchvision's MNASNet refuses a state_dict without its version metadata: the best epoch's copy, the
     # checkpoint and the artifact read back from safetensors all have to carry it.
-    spec = job(model={"arch": "mnasnet0_5"}, data_={"dataset": "fake", "image_size": [3, 32, 32], "size": 40},
-               epochs=3, batch_size=16, keep="best", checkpoint_every_s=0)
+    spec = train_spec(model={"arch": "mnasnet0_5"}, data_={"dataset": "fake", "image_size": [3, 32, 32], "size": 40},
+                      epochs=3, batch_size=16, keep="best", checkpoint_every_s=0)
     first = []
     with pytest.raises(Preempted):
         train.train(spec, make_ctx(tmp_path, first, "first", stop_after_steps=3))
@@ -357,7 +357,7 @@ def test_the_optimizer_is_fused_where_pytorch_can_and_trains_as_the_per_tensor_o
 
 def test_a_checkpoint_from_the_per_tensor_optimizer_resumes_on_the_fused_one(tmp_path):
     from trainyard.worker.train_checkpoint import resume
-    spec = job(epochs=3, checkpoint_every=1)  # Iris, Adam
+    spec = train_spec(epochs=3, checkpoint_every=1)  # Iris, Adam
     first = []
     with pytest.raises(Preempted):
         train.train(spec, make_ctx(tmp_path, first, "first", stop_after_steps=1))

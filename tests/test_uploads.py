@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import IRIS_JOB
-from tests.service import ROOT, serving
+from tests.helpers.data import iris_csv
+from tests.helpers.jobs import IRIS_JOB
+from tests.helpers.service import live_service
 from trainyard.app import uploads
 from trainyard.app.core import errors
 
@@ -18,11 +19,7 @@ pytestmark = pytest.mark.slow  # starts the real server and workers
 MAX_BYTES, MAX_FILES = 256 << 10, 100  # small limits so that the limit cases stay small and fast
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    env = {"TRAINYARD_MAX_UPLOAD_BYTES": str(MAX_BYTES), "TRAINYARD_MAX_UPLOAD_FILES": str(MAX_FILES)}
-    with serving(tmp_path_factory.mktemp("uploads") / "data", env=env) as svc:
-        yield svc
+live = live_service(env={"TRAINYARD_MAX_UPLOAD_BYTES": str(MAX_BYTES), "TRAINYARD_MAX_UPLOAD_FILES": str(MAX_FILES)})
 
 
 def upload(live, name: str, content: bytes, **form) -> dict:
@@ -39,13 +36,6 @@ def run(live, body: dict) -> dict:
 
 
 # --- files --------------------------------------------------------------------------------------------
-
-def iris_csv() -> bytes:
-    lines = (ROOT / "worker" / "datasets" / "iris.csv").read_text().splitlines()
-    names = lines[0].split(",")[2:]
-    rows = ["sepal_length,sepal_width,petal_length,petal_width,species"]
-    rows += [",".join([*v[:4], names[int(v[4])]]) for v in (line.split(",") for line in lines[1:])]
-    return ("\n".join(rows) + "\n").encode()
 
 
 def npz(**arrays) -> bytes:

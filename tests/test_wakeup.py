@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import insert
 
-from tests.conftest import tiny_job
+from tests.helpers.jobs import tiny_job
 from trainyard.app.db import jobs, wakeup, write
 from trainyard.app.fleet import workers
 from trainyard.app.jobs import submit

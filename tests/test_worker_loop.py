@@ -2,7 +2,7 @@
 a job can have. Job processes are real (forked from the worker's fork server); no server, no CLI."""
 import pytest
 
-from tests.conftest import slow_job, tiny_job
+from tests.helpers.jobs import slow_job, tiny_job
 from trainyard.app.core.settings import Settings
 from trainyard.app.db import make_engine, migrate
 from trainyard.app.jobs.submit import enqueue

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainyard.app.core.states import Failure, error_record
+from trainyard.app.core.states import ErrorRecord, Failure, error_record
 from trainyard.worker.errors import RankMessageRefused, RendezvousFailed
 
 PR_SET_PDEATHSIG = 1
@@ -98,7 +98,8 @@ class RankWatch:
         self._rank_failed.set()
         # Dead without a word (a signal: SIGKILL, or SIGABRT from NCCL's watchdog when the communicator broke).
         how = f"was killed by signal {-code} ({signal.strsignal(-code)})" if code < 0 else f"exited with status {code}"
-        error = json.loads(sent) if sent else error_record(Failure.INFRASTRUCTURE, "RankLost", f"pid {pid} {how}")
+        error: ErrorRecord = json.loads(sent) if sent else error_record(Failure.INFRASTRUCTURE, "RankLost",
+                                                                        f"pid {pid} {how}")
         if not (sent and error.get("type") == "RankLost"):
             self._cause.set()
         elif self._cause.wait(REASON_WAIT_S):

@@ -28,7 +28,7 @@ import torch
 from trainyard.app.core import storage
 from trainyard.app.core.errors import Unavailable
 from trainyard.app.core.layout import Layout
-from trainyard.app.core.states import DEVICE_FAILURE, Failure, error_record
+from trainyard.app.core.states import DEVICE_FAILURE, ErrorRecord, Failure, error_record
 from trainyard.app.spec import PredictJob, RunJob, TrainJob, parse_spec
 from trainyard.worker import broken_links, distributed, entrypoints, infer, torch_devices, train
 from trainyard.worker.errors import JobError, Preempted, RendezvousFailed
@@ -205,6 +205,6 @@ def _limit(plan: JobPlan, device: torch.device) -> None:
     torch_devices.limit_memory_fraction(device, plan.gpu_memory_fraction)
 
 
-def _error(cls: Failure, exc: BaseException, message: str | None = None) -> dict:
+def _error(cls: Failure, exc: BaseException, message: str | None = None) -> ErrorRecord:
     return error_record(cls, type(exc).__name__, message or str(exc) or type(exc).__name__,
                         traceback.format_exc(limit=20))

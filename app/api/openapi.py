@@ -10,6 +10,8 @@ media type, so it holds for a route wherever its module lives (routes/events.py'
 - An event stream's `itemSchema` is OpenAPI 3.2, refused by 3.1 validators: a stream is documented as text.
 - An uploaded file's `contentMediaType` alone makes generators send a string: `format: binary` makes it a file;
   a download's or a text's answer without a schema is typed likewise (bytes, a string).
+- A request body written out by hand (openapi_extra: the sign-in's, one operation per media type) names its
+  model inline: the model goes to the components, so that operations sharing it share one generated class.
 - A job's `spec` is the submitted body's schema (the route serialises the stored spec as it is).
 - The bearer token is optional: see `OPEN_OR_BEARER`.
 """
@@ -45,6 +47,8 @@ def tidy(doc: dict[str, Any]) -> dict[str, Any]:
     for path, methods in doc.get("paths", {}).items():
         for method, op in methods.items():
             _operation(path, method, op)
+            for media in op.get("requestBody", {}).get("content", {}).values():
+                _shared_model(media, schemas)
     for schema in schemas.values():
         for prop in schema.get("properties", {}).values():
             if prop.get("type") == "string" and prop.get("contentMediaType") == "application/octet-stream":
@@ -57,6 +61,13 @@ def tidy(doc: dict[str, Any]) -> dict[str, Any]:
     for unused in ("HTTPValidationError", "ValidationError"):  # FastAPI's 422, replaced by ErrorPublic
         schemas.pop(unused, None)
     return doc
+
+
+def _shared_model(media: dict[str, Any], schemas: dict[str, Any]) -> None:
+    schema = media.get("schema", {})
+    if schema.get("type") == "object" and "properties" in schema and schema.get("title"):
+        schemas.setdefault(schema["title"], schema)
+        media["schema"] = {"$ref": f"#/components/schemas/{schema['title']}"}
 
 
 def _operation(path: str, method: str, op: dict[str, Any]) -> None:

@@ -120,7 +120,7 @@ def job_fields(job: Job, waiting_for: str | None, include: tuple[str, ...] = HEA
     pydantic_core.to_json: the hot reads serialise these directly, the response models document them.
     (model_construct per item was most of a list page's cost.) summary: job_summaries.summaries' for a job read
     without its spec."""
-    error = job.error
+    error: dict[str, Any] | None = dict(job.error) if job.error is not None else None
     if error:
         error = {k: v for k, v in error.items() if k != "traceback"}
     out = dict(

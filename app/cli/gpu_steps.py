@@ -162,12 +162,12 @@ def two_device_job(*devices: str) -> tuple[bool, str]:
 
 def two_host_job(*devices: str) -> tuple[bool, str]:
     """The same 2-rank job on two devices of one host, then over two hosts: network namespaces on a bridge of
-    their own (bench/netns.py), one worker and one device in each, the ranks meeting at rank 0's address;
+    their own (app/cli/netns.py), one worker and one device in each, the ranks meeting at rank 0's address;
     NCCL between them on GPUs (NCCL_HOSTID set apart, so that NCCL talks over its network transport as between
     machines, not through shared memory), gloo on the CPU. The hosts share the server's SQLite database and
     data directory, as hosts share PostgreSQL and a bucket. Both must succeed, the second with a rank on each
     host, and end with the same weights within float tolerance (cuDNN's kernels need not be deterministic)."""
-    from bench import netns
+    from trainyard.app.cli import netns
     svc = Service.isolated(Path(tempfile.mkdtemp(prefix="service-")) / "data")
     kind = "cpu" if devices[0] == "cpu" else "cuda"
     half = {**JOB["train"], "batch_size": JOB["train"]["batch_size"] // 2}
@@ -178,7 +178,7 @@ def two_host_job(*devices: str) -> tuple[bool, str]:
         one = svc.wait_state(svc.submit(job(kind, devices=2, train=half))["id"], timeout=3600)
         with netns.hosts(2) as net:
             for h, d in zip(net.hosts, devices):
-                # eth0: each namespace's one link (bench/netns.py), whatever interface this shell names.
+                # eth0: each namespace's one link (app/cli/netns.py), whatever interface this shell names.
                 net.start_worker(svc, h, {"TRAINYARD_NODE_ADDR": h.addr, "NCCL_HOSTID": h.name, "GLOO_SOCKET_IFNAME":
                                           "eth0", "NCCL_SOCKET_IFNAME": "eth0"}, device=d)
             two = svc.wait_state(svc.submit(job(kind, devices=2, hosts=2, train=half))["id"], timeout=3600)

@@ -27,6 +27,7 @@ from trainyard.app.client.models import (
     Sweep,
     Worker,
 )
+from trainyard.app.core.wire import NEXT_SINCE
 
 
 def deprecated(old: str, new: str) -> None:
@@ -98,7 +99,8 @@ class Jobs(Runs[Job]):
         return self._page(state=state, kind=kind, sweep=sweep, include=include, limit=limit, offset=offset)
 
     def retry(self, id: int) -> Job:
-        """Queue a failed or cancelled job again."""
+        """Queue a failed, cancelled or pruned job again (from its last checkpoint; a pruned trial runs to its end,
+        outside its sweep's search)."""
         return self._one("POST", f"/{id}/retry")
 
     def delete(self, id: int) -> None:
@@ -120,9 +122,9 @@ class Jobs(Runs[Job]):
             r = self._http.request("GET", f"{self.path}/{id}/metrics", params={"since": since})
             page = r.json()
             out.extend(page)
-            if "X-Next-Since" not in r.headers or not page:
+            if NEXT_SINCE not in r.headers or not page:
                 return out
-            since = int(r.headers["X-Next-Since"])
+            since = int(r.headers[NEXT_SINCE])
 
     def logs(self, id: int, tail: int | None = None) -> str:
         """The job's log, or its last `tail` bytes (from the first whole line in them)."""

@@ -3,13 +3,14 @@
 The API maps them to responses in one handler (app/api/errors.py); the worker and the CLI catch
 them by class. A class's docstring is its default message.
 """
+from typing import Any
 
 
 class TrainyardError(Exception):
     """Something went wrong."""
     status = 500
 
-    def __init_subclass__(cls, status: int = 500, **kw):
+    def __init_subclass__(cls, status: int = 500, **kw: Any) -> None:
         super().__init_subclass__(**kw)
         cls.status = status
 
@@ -18,7 +19,7 @@ class TrainyardError(Exception):
         # The request field at fault, e.g. ("model_job",) or ("file",); None when it is no one field.
         self.loc = loc
 
-    def detail(self):
+    def detail(self) -> str | list[dict[str, Any]]:
         """The response's `detail`: a sentence, or for a field FastAPI's validation-error shape."""
         if self.loc is None:
             return str(self)

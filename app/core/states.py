@@ -1,6 +1,7 @@
 """Job and sweep states and failure classes, defined once (str enums: the JSON and the database hold the same
 strings)."""
 from enum import StrEnum
+from typing import NotRequired, TypedDict
 
 
 class JobState(StrEnum):
@@ -57,9 +58,22 @@ RETRYABLE = frozenset({Failure.INFRASTRUCTURE})
 DEVICE_FAILURE = "DeviceFailure"
 
 
-def error_record(cls: Failure, type_: str, message: str, traceback: str | None = None) -> dict:
+# A failed run's error, as the job row (error, and each of errors with its attempt), the API, the logs and the job
+# process's pipe carry it: JSON, so its keys are these strings ("class" a Failure's value). The functional form
+# because "class" is a keyword.
+ErrorRecord = TypedDict("ErrorRecord", {
+    "class": str,
+    "type": str,
+    "message": str,
+    "traceback": NotRequired[str],
+    "rank": NotRequired[int],     # the rank whose failure it was (a job on several devices: worker/distributed.py)
+    "attempt": NotRequired[int],  # in the job's history (errors): the attempt it ended
+})
+
+
+def error_record(cls: Failure, type_: str, message: str, traceback: str | None = None) -> ErrorRecord:
     """A failed run's error, as the job row, the API and the logs carry it."""
-    record = {"class": cls.value, "type": type_, "message": message}
+    record: ErrorRecord = {"class": cls.value, "type": type_, "message": message}
     if traceback:
         record["traceback"] = traceback
     return record

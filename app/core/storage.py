@@ -139,7 +139,7 @@ class S3Store(Store):
         return f"s3://{self.bucket}/{self.prefix}"
 
     @property
-    def client(self):
+    def client(self) -> Any:
         # One client per process: a client made before a fork is not safe to use in the child.
         with self._lock:
             if self._client is None or self._pid != os.getpid():

@@ -7,10 +7,12 @@ default) and PostgreSQL (several hosts sharing one queue).
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FunctionElement
 from sqlalchemy.types import Float as FloatType
 
@@ -43,12 +45,12 @@ class db_now(FunctionElement):
 
 
 @compiles(db_now, "sqlite")
-def _sqlite_now(element, compiler, **kw):
+def _sqlite_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
     return "((julianday('now') - 2440587.5) * 86400.0)"
 
 
 @compiles(db_now, "postgresql")
-def _pg_now(element, compiler, **kw):
+def _pg_now(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
     return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
 
 
@@ -62,7 +64,7 @@ PG_CONNECTION_LIMITS = {"connect_timeout": "10", "tcp_user_timeout": "15000", "k
                         "keepalives_idle": "10", "keepalives_interval": "5", "keepalives_count": "3"}
 
 
-def compact_json(value) -> str:
+def compact_json(value: Any) -> str:
     """JSON columns as stored: without the spaces json.dumps puts after separators (they were a fifth of a
     stored row of numbers, a predict job's inputs)."""
     return json.dumps(value, separators=(",", ":"))
@@ -92,7 +94,7 @@ def make_engine(url: str, pre_ping: bool = True) -> Engine:
 
 def configure_sqlite(engine: Engine, busy_ms: int = 30000, transactions: bool = True) -> None:
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record):
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # Let us issue BEGIN ourselves, so writes can take the lock up front (BEGIN IMMEDIATE):
         # a deferred transaction that later upgrades to a writer can fail with "database is
         # locked" without waiting for the busy timeout.
@@ -108,7 +110,7 @@ def configure_sqlite(engine: Engine, busy_ms: int = 30000, transactions: bool = 
         return
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn: Connection):
+    def _on_begin(conn: Connection) -> None:
         immediate = conn.get_execution_options().get("write", False)
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 

@@ -12,11 +12,11 @@ after its insert (a retry keeps them). A job naming itself can only name an id n
 """
 from sqlalchemy import and_, bindparam, delete, exists, insert, literal_column, or_, select, union_all, update
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
 
 from trainyard.app.accounts import Principal
 from trainyard.app.core.errors import Invalid, NotFound
-from trainyard.app.core.states import Failure, JobState, SweepState, error_record
+from trainyard.app.core.states import ErrorRecord, Failure, JobState, SweepState, error_record
 from trainyard.app.db import job_deps, job_sweeps, jobs, read, sweeps
 from trainyard.app.records import sweep_reads, sweep_results
 from trainyard.app.spec import PredictJob, RunJob, TrainJob
@@ -67,7 +67,7 @@ def batch_position(ref: str, position: int | None, loc: tuple) -> int:
 
 def resolve(spec: TrainJob | PredictJob | RunJob, ids: list[int]) -> TrainJob | PredictJob | RunJob:
     """The spec with each "$N" replaced by the id the batch's job N got."""
-    def one(ref):
+    def one(ref: int | str) -> int | str:
         return ids[int(ref[1:])] if isinstance(ref, str) and ref.startswith("$") else ref
     update: dict = {"after": [one(r) for r in spec.after]}
     field = model_field(spec)
@@ -87,7 +87,7 @@ def record(conn: Connection, job_id: int, spec: TrainJob | PredictJob | RunJob) 
         conn.execute(insert(job_sweeps).values(job_id=job_id, sweep_id=sweep_of(ref), field=field))
 
 
-def ready():
+def ready() -> ColumnElement[bool]:
     """The claim's condition: every job this one waits for has succeeded (a deleted one has not)."""
     dep, parent = _READY_DEP, _READY_PARENT
     done = exists().where(parent.c.id == dep.c.after_id, parent.c.state == SUCCEEDED)
@@ -151,7 +151,7 @@ def broken(conn: Connection) -> dict[int, tuple[int, str | None]]:
     return found
 
 
-def failure(after_id: int, state: str | None) -> dict:
+def failure(after_id: int, state: str | None) -> ErrorRecord:
     """The error of a job that fails because a job it waits for ended otherwise than succeeded."""
     how = "was deleted" if state is None else f"ended {state}"
     return error_record(Failure.DEPENDENCY, "DependencyFailed", f"job {after_id}, which this job waits for, {how}")
@@ -213,7 +213,7 @@ def settle(conn: Connection, job_id: int, field: str, best: int) -> bool:
     return True
 
 
-def sweep_failure(sweep_id: int, state: str | None) -> dict:
+def sweep_failure(sweep_id: int, state: str | None) -> ErrorRecord:
     how = "was deleted" if state is None else f"ended {state} with no best trial"
     return error_record(Failure.DEPENDENCY, "DependencyFailed",
                         f"sweep {sweep_id}, whose best trial this job waits for, {how}")

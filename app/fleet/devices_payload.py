@@ -1,7 +1,10 @@
 """The /devices answer: every host's GPUs (keyed by UUID) and CPU, with the workers on each, assembled from
 this (the API's) host's NVML reading and the workers' heartbeats, each carrying its own host's reading."""
 import socket
+from collections.abc import Callable
 from typing import Any
+
+from sqlalchemy.engine import Engine
 
 from trainyard.app.core import device_names
 from trainyard.app.fleet import hardware
@@ -10,7 +13,7 @@ from trainyard.app.fleet.gpu_order import visible_indices
 from trainyard.app.fleet.nvml import GPU_FIELDS, nvml_devices
 
 
-def snapshot(engine, stale_after_s: float, node: str | None = None) -> dict[str, Any]:
+def snapshot(engine: Engine, stale_after_s: float, node: str | None = None) -> dict[str, Any]:
     """The /devices payload now: NVML readings plus the workers' last heartbeats."""
     workers, now = workers_registry.list_workers(engine)
     return build_payload(nvml_devices(), workers, now, hardware.torch_build_info(), hardware.cpu_info(),
@@ -92,7 +95,8 @@ def _worker_view(w: dict, now: float, stale_after_s: float) -> dict:
             "draining": bool(w.get("draining")), "unavailable": stats.get("unavailable")}
 
 
-def _place_workers(workers: list[dict], cuda: list[dict], host: str, view) -> tuple[dict, dict]:
+def _place_workers(workers: list[dict], cuda: list[dict], host: str,
+                   view: Callable[[dict], dict]) -> tuple[dict, dict]:
     """Each worker's view on its GPU (added to that GPU's `workers`), and per host the CPU workers and
     the GPU workers whose GPU no reading lists (an unavailable one, say)."""
     by_uuid = {g["uuid"]: g for g in cuda}

@@ -20,14 +20,14 @@ _nvml_state: dict[str, Any] = {"pid": None, "module": None, "failed_at": 0.0}
 _nvml_lock = threading.Lock()
 
 
-def _init_nvml():
+def _init_nvml() -> Any:
     """Load and initialise NVML; raises without an NVIDIA driver. Called once per process (_nvml)."""
     import pynvml
     pynvml.nvmlInit()
     return pynvml
 
 
-def _nvml():
+def _nvml() -> Any:
     """pynvml, initialised once per process and never shut down (every heartbeat and every /devices
     request reads through it); None without a driver, tried again at most every NVML_RETRY_S. A forked
     child initialises its own: NVML's handles do not survive a fork."""
@@ -62,7 +62,7 @@ def nvml_devices() -> list[dict[str, Any]] | None:
     return gpu_entries(count, lambda i: _read_card(nv, i), driver, cuda_driver)
 
 
-def _read_card(nv, i: int) -> dict[str, Any]:
+def _read_card(nv: Any, i: int) -> dict[str, Any]:
     """NVML's raw reading of card i and, in MIG mode, of each of its MIG instances (gpu_entries reads it)."""
     h = nv.nvmlDeviceGetHandleByIndex(i)
     mem = nv.nvmlDeviceGetMemoryInfo(h)
@@ -118,7 +118,7 @@ def gpu_entries(count: int, read: Callable[[int], dict], driver: str | None,
     return out
 
 
-def _s(v) -> str:
+def _s(v: object) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
@@ -127,7 +127,7 @@ def _s(v) -> str:
 _handles: dict[tuple[int, str], Any] = {}  # (pid, UUID) -> NVML handle: a handle does not survive a fork
 
 
-def _handle(nv, uuid: str):
+def _handle(nv: Any, uuid: str) -> Any:
     key = (os.getpid(), uuid)
     if key not in _handles:
         _handles[key] = nv.nvmlDeviceGetHandleByUUID(uuid)
@@ -148,7 +148,7 @@ def compute_processes(uuid: str) -> list[tuple[int, int | None]] | None:
         return None
 
 
-def processes_of(nv, handle) -> list[tuple[int, int | None]]:
+def processes_of(nv: Any, handle: Any) -> list[tuple[int, int | None]]:
     """NVML's compute processes on a handle, through the newest of the calls this driver has (_v3 from R510)."""
     for name in ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2",
                  "nvmlDeviceGetComputeRunningProcesses"):

@@ -19,8 +19,9 @@ worker before each claim): a context still being freed, or another program's mem
 """
 import functools
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import and_, exists, false, func, or_, select, true
+from sqlalchemy import ColumnElement, Exists, ScalarSelect, and_, exists, false, func, or_, select, true
 from sqlalchemy.engine import Connection
 
 from trainyard.app.accounts import project_limits
@@ -30,6 +31,7 @@ from trainyard.app.core.states import WORKER_UNAVAILABLE as UNAVAILABLE
 from trainyard.app.core.states import JobState
 from trainyard.app.db import db_now, jobs, workers
 from trainyard.app.fleet import dependencies, fair_share
+from trainyard.app.records import Rank
 
 QUEUED, RUNNING = JobState.QUEUED.value, JobState.RUNNING.value
 
@@ -52,7 +54,7 @@ class Slot:
 
 
 def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str | None, slot: Slot | None,
-             within_limits):
+             within_limits: ColumnElement[bool]) -> ColumnElement[bool]:
     """Queued jobs a worker could ever run: its device, its plugins (a job that needs a plugin waits for
     a worker that has it, rather than failing on one that does not), memory within its device's
     budget; every job it waits for (after, its model's job) succeeded; its project within its limits
@@ -83,7 +85,7 @@ def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str |
 _LENDER = jobs.alias("lender")
 
 
-def lent(worker_id):
+def lent(worker_id: str | ColumnElement[Any]) -> Exists:
     """The worker's device is a rank of a multi-device run that is still going (job and claim as lent)."""
     lender = _LENDER
     return exists().where(workers.c.id == worker_id, lender.c.id == workers.c.lent_to,
@@ -91,7 +93,7 @@ def lent(worker_id):
 
 
 def helpers(conn: Connection, worker_id: str, device: str, count: int, lease_s: float,
-            lock: bool = False, hosts: int = 1) -> list[dict[str, str]] | None:
+            lock: bool = False, hosts: int = 1) -> list[Rank] | None:
     """`count` idle workers to lend their devices to a job that worker_id claims on `count + 1` devices spread
     over `hosts` hosts: (count + 1) / hosts - 1 of its own host, the rest as many on each of hosts - 1 other
     hosts whose workers advertise an address (stats "addr"), the first hosts in name order that have them.
@@ -115,7 +117,7 @@ def helpers(conn: Connection, worker_id: str, device: str, count: int, lease_s: 
     taken = {k for (k,) in conn.execute(select(jobs.c.gpu_key).where(jobs.c.state == RUNNING,
                                                                     jobs.c.gpu_key.is_not(None)))}
     taken.add(((own.stats or {}).get("slot") or {}).get("key"))
-    groups: dict[str, list[dict[str, str]]] = {}
+    groups: dict[str, list[Rank]] = {}
     for w in conn.execute(q):
         stats = w.stats or {}
         key = (stats.get("slot") or {}).get("key", w.id)
@@ -126,8 +128,10 @@ def helpers(conn: Connection, worker_id: str, device: str, count: int, lease_s: 
         group = groups.setdefault(w.host, [])
         if len(group) < per_host - (w.host == own.host):
             taken.add(key)
-            group.append({"worker": w.id, "device": w.device, "key": key, "host": w.host,
-                          **({"addr": stats["addr"]} if hosts > 1 else {})})
+            rank: Rank = {"worker": w.id, "device": w.device, "key": key, "host": w.host}
+            if hosts > 1:
+                rank["addr"] = stats["addr"]
+            group.append(rank)
     chosen = groups.get(own.host, [])
     if len(chosen) < per_host - 1:
         return None
@@ -138,13 +142,13 @@ def helpers(conn: Connection, worker_id: str, device: str, count: int, lease_s: 
 
 
 def first_rank(conn: Connection, worker_id: str, device: str, slot: Slot | None, port: int,
-               others: list[dict[str, str]]) -> dict[str, str]:
+               others: list[Rank]) -> Rank:
     """Rank 0's entry in a claimed job's ranks: the claimer; across hosts also where the ranks meet, its
     host's address and a port free there (`port`)."""
     host = conn.execute(select(workers.c.host).where(workers.c.id == worker_id)).scalar()
-    rank = {"worker": worker_id, "device": device, "key": slot.key if slot else worker_id, "host": host or ""}
+    rank: Rank = {"worker": worker_id, "device": device, "key": slot.key if slot else worker_id, "host": host or ""}
     if "addr" in others[0] and slot is not None and slot.addr:
-        rank.update(addr=slot.addr, port=str(port))
+        rank["addr"], rank["port"] = slot.addr, str(port)
     return rank
 
 
@@ -155,7 +159,7 @@ def lent_gpus(conn: Connection) -> set[str]:
     return {r.get("key") for (ranks,) in rows if ranks for r in ranks[1:] if r["device"] != "cpu"}
 
 
-def fits_now(slot: Slot | None):
+def fits_now(slot: Slot | None) -> ColumnElement[bool]:
     """The job fits beside what runs on the slot's device now: a job that stated its memory, within the
     budget left and beside no whole-device job, and (its statement and context) within what NVML last saw
     free there; one that did not, on an otherwise idle device."""
@@ -176,7 +180,8 @@ def fits_now(slot: Slot | None):
     return or_(and_(jobs.c.need_gpu_memory.is_(None), ~exists().where(on_device)), shares)
 
 
-def head(device, plugins, worker_id, slot, fair, within_limits):
+def head(device: str, plugins: dict[str, list[str]] | None, worker_id: str | None, slot: Slot | None,
+         fair: ColumnElement[Any] | None, within_limits: ColumnElement[bool]) -> ScalarSelect[Any]:
     """The job at the head of this worker's line: the project furthest under its fair share first (`fair`:
     app/fleet/fair_share.py's Ranking.term; None when fewer than two projects compete), then priority, then age. Jobs
     are
@@ -194,7 +199,7 @@ def head(device, plugins, worker_id, slot, fair, within_limits):
 # was most of a claim's CPU: the jobs aliases' column proxies, the plugins' IN lists), not per call.
 @functools.lru_cache(maxsize=64)
 def _eligible(device: str, plugins: tuple[tuple[str, tuple[str, ...]], ...], worker_id: str | None,
-              slot: Slot | None):
+              slot: Slot | None) -> ColumnElement[bool]:
     return eligible(device, {kind: list(names) for kind, names in plugins}, worker_id, slot, true())
 
 
@@ -203,7 +208,7 @@ _fits_now = functools.lru_cache(maxsize=64)(fits_now)
 
 def startable(conn: Connection, device: str, plugins: dict[str, list[str]] | None, worker_id: str | None,
               slot: Slot | None, lease_s: float, lock: bool,
-              memo: fair_share.Memo | None = None) -> tuple[int, list[dict]] | None:
+              memo: fair_share.Memo | None = None) -> tuple[int, list[Rank]] | None:
     """The job at the head of this worker's line, if it can start now, and the other ranks it would
     borrow (none for a one-device job). A head that cannot start holds the worker back (no backfill).
     memo: a claim cycle's (app/fleet/idle_look.py): fair share's reading made by its look is used again by its claim

@@ -16,9 +16,10 @@ made for: one made before the job's last claim (a run lost in between) is no lon
 """
 import logging
 from dataclasses import dataclass
+from enum import StrEnum
 
-from sqlalchemy import and_, exists, func, or_, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy import ColumnElement, and_, exists, func, or_, select, update
+from sqlalchemy.engine import Engine, Row
 
 from trainyard.app import accounts
 from trainyard.app.accounts import audit, project_limits
@@ -32,18 +33,24 @@ log = logging.getLogger("trainyard.preemption")
 QUEUED, RUNNING = JobState.QUEUED.value, JobState.RUNNING.value
 
 
-def _in_force():
+def _in_force() -> ColumnElement[bool]:
     """A preemption requested of the job's current run (made since its claim)."""
     return and_(jobs.c.preempt_requested_at.is_not(None), jobs.c.preempt_requested_at >= jobs.c.started_at)
 
 
-def fence(engine: Engine, job_id: int, claim_no: int) -> str:
-    """The supervisor's check, one read: "lost" (the job is no longer ours), "preempt" (asked to give its device
-    up) or "ours"."""
+class Fence(StrEnum):
+    """What the supervisor's look at its job's row (fence) found."""
+    OURS = "ours"
+    PREEMPT = "preempt"  # asked to give its device up
+    LOST = "lost"        # the job is no longer ours: cancelled, pruned, ended or taken over
+
+
+def fence(engine: Engine, job_id: int, claim_no: int) -> Fence:
+    """The supervisor's check, one read."""
     with read(engine) as conn:
         row = conn.execute(select(_in_force().label("asked")).where(
             jobs.c.id == job_id, jobs.c.claim == claim_no, jobs.c.state == RUNNING)).first()
-    return "lost" if row is None else "preempt" if row.asked else "ours"
+    return Fence.LOST if row is None else Fence.PREEMPT if row.asked else Fence.OURS
 
 
 @dataclass(frozen=True)
@@ -104,14 +111,14 @@ def choose(engine: Engine, settings: Settings) -> list[tuple[int, int, int]]:
     return chosen
 
 
-def _may_preempt(head, victim: _Run, standing: dict[int | None, float]) -> bool:
+def _may_preempt(head: Row, victim: _Run, standing: dict[int | None, float]) -> bool:
     """The issue's rule: the victim is of lower priority, or the queued job's project is under its share and
     the victim's over its own (so never a job of the same priority and project)."""
     return victim.priority < head.priority or (
         standing.get(head.project_id, 0.0) < 1.0 < standing.get(victim.project_id, 0.0))
 
 
-def _served_first(head, victim: _Run, used: dict[int | None, float], shares: dict[int, float]) -> bool:
+def _served_first(head: Row, victim: _Run, used: dict[int | None, float], shares: dict[int, float]) -> bool:
     """The claim would take `head` before the victim once the victim is requeued (its run then no longer
     counts in its project's device time): the device it frees goes to the job it was freed for."""
     def rank(project_id: int | None) -> float:

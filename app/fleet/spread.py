@@ -13,29 +13,31 @@ from sqlalchemy.engine import Engine
 
 from trainyard.app.core.states import JobState
 from trainyard.app.db import db_now, jobs, read, workers
-from trainyard.app.records import Job
+from trainyard.app.records import Job, Rank
 
 RUNNING = JobState.RUNNING.value
 
 
-def master(ranks: list[dict[str, str]] | None) -> str:
+def master(ranks: list[Rank] | None) -> str:
     """Where a job across hosts has its ranks meet ("addr:port", rank 0's); "" for a job on one host."""
-    first = (ranks or [{}])[0]
+    if not ranks:
+        return ""
+    first = ranks[0]
     return f"{first['addr']}:{first['port']}" if first.get("addr") and first.get("port") else ""
 
 
-def ranks_on(ranks: list[dict[str, str]] | None, host: str) -> tuple[int, ...]:
+def ranks_on(ranks: list[Rank] | None, host: str) -> tuple[int, ...]:
     """The ranks (their indices) that run on `host`, in rank order."""
     return tuple(i for i, r in enumerate(ranks or []) if r.get("host") == host)
 
 
-def describe(ranks: list[dict[str, str]] | None) -> str:
+def describe(ranks: list[Rank] | None) -> str:
     """How a job's ranks lie over hosts, for its log: 'hostA: 0,1; hostB: 2,3, meeting at 10.0.0.1:4567'."""
     hosts = dict.fromkeys(r.get("host", "") for r in ranks or [])
     return "; ".join(f"{h}: {','.join(map(str, ranks_on(ranks, h)))}" for h in hosts) + f", meeting at {master(ranks)}"
 
 
-def part_leaders(ranks: list[dict[str, str]] | None) -> dict[str, str]:
+def part_leaders(ranks: list[Rank] | None) -> dict[str, str]:
     """Each host but rank 0's: the worker that runs its ranks (the first of them in rank order)."""
     ranks = ranks or []
     leaders: dict[str, str] = {}

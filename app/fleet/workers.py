@@ -12,6 +12,7 @@ from trainyard.app.core.errors import Conflict, NotFound
 from trainyard.app.core.states import WORKER_UNAVAILABLE
 from trainyard.app.db import db_now, read, wakeup, workers, write
 from trainyard.app.fleet import placement
+from trainyard.app.records import Rank
 
 LIVE = ("idle", "busy")
 # Alive but unable to use its device (stats["unavailable"] says why): it claims nothing, and the jobs
@@ -63,7 +64,7 @@ def quarantine(engine: Engine, worker_id: str, reason: str) -> bool:
     return True
 
 
-def device_owner(ranks: list[dict[str, str]] | None, rank: Any) -> str | None:
+def device_owner(ranks: list[Rank] | None, rank: Any) -> str | None:
     """The worker whose device rank `rank` of a multi-device run used (jobs.ranks, rank 0 first: the claimer's);
     None for a run on one device, or a rank the run does not have."""
     if not ranks or isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < len(ranks):

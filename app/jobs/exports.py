@@ -28,10 +28,12 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainyard.app.core.errors import Conflict, TrainyardError, Unavailable
 from trainyard.app.core.layout import ARTIFACT_FILES, EXPORT_FILES
 from trainyard.app.core.settings import Settings
+from trainyard.app.core.storage import Store
 from trainyard.app.records import Job
 
 # A large torchvision model takes a minute or so to export to ONNX on a busy CPU.
@@ -141,7 +143,7 @@ def _check(settings: Settings, job: Job, key: str) -> bool:
     return False
 
 
-def _stored(store, key: str) -> bool:
+def _stored(store: Store, key: str) -> bool:
     try:
         store.size(key)
         return True
@@ -153,7 +155,7 @@ async def _export(settings: Settings, job: Job, fmt: str, key: str) -> None:
     global _last_s
     store = settings.store
 
-    def fetch_artifact():
+    def fetch_artifact() -> None:
         for name in (ARTIFACT_FILES["meta"], ARTIFACT_FILES["safetensors"]):
             store.fetch(f"{job.artifact_path}/{name}")  # from the bucket, when the store is one
     out = settings.layout.resolve(key)
@@ -185,7 +187,7 @@ async def _export(settings: Settings, job: Job, fmt: str, key: str) -> None:
     raise failure
 
 
-def _remember(store, out, failure: TrainyardError) -> None:
+def _remember(store: Store, out: Path, failure: TrainyardError) -> None:
     """Write failure beside the export's file, atomically, and publish it: later requests answer from it."""
     marker = out.with_name(out.name + FAILED_SUFFIX)
     fd, tmp = tempfile.mkstemp(dir=marker.parent, prefix=f".{marker.name}.")

@@ -9,12 +9,12 @@ app/jobs/submit.py (the INSERT) and are read through app/records/job_reads.py.
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import and_, case, delete, func, insert, select, update
-from sqlalchemy.engine import Engine
+from sqlalchemy import ColumnElement, and_, case, delete, func, insert, select, update
+from sqlalchemy.engine import Connection, Engine, Row
 
 from trainyard.app.accounts import Principal, quotas
 from trainyard.app.core.errors import Conflict, NotFound
-from trainyard.app.core.states import RETRYABLE, Failure, JobState, error_record
+from trainyard.app.core.states import RETRYABLE, ErrorRecord, Failure, JobState, error_record
 from trainyard.app.db import counting, db_now, jobs, metrics, read, wakeup, workers, write
 from trainyard.app.fleet import idle_look, placement
 from trainyard.app.records import Job
@@ -42,7 +42,7 @@ def cancel(engine: Engine, job_id: int) -> Job:
     return Job.from_row(new)
 
 
-def stop(engine: Engine, job_ids: list[int], error: dict, states: tuple[str, ...] = (QUEUED, RUNNING),
+def stop(engine: Engine, job_ids: list[int], error: ErrorRecord, states: tuple[str, ...] = (QUEUED, RUNNING),
          final: str = CANCELLED) -> list[int]:
     """End each job still in one of `states` with `error` (a sweep cancelling its trials, pruning one):
     one guarded UPDATE per job, so a job that has just ended keeps its own ending. The jobs' workers see
@@ -58,7 +58,7 @@ def stop(engine: Engine, job_ids: list[int], error: dict, states: tuple[str, ...
     return ended
 
 
-def prune(engine: Engine, job_id: int, why: Callable[[int], dict]) -> int | None:
+def prune(engine: Engine, job_id: int, why: Callable[[int], ErrorRecord]) -> int | None:
     """End a running trial as pruned at the epoch it has reached (error: why(epoch)) unless that is its last (it is
     saving its model); its worker is fenced out, so its metrics end there. The epoch, or None if not pruned."""
     with write(engine) as conn:
@@ -71,7 +71,7 @@ def prune(engine: Engine, job_id: int, why: Callable[[int], dict]) -> int | None
     return row.epoch
 
 
-def _end(conn, row, final: str, error: dict):
+def _end(conn: Connection, row: Row, final: str, error: ErrorRecord) -> Row | None:
     """End a job that was in row.state (guarded by it) as `final` with `error` added to its history;
     the new row, or None if its state changed first."""
     new = conn.execute(
@@ -159,7 +159,7 @@ def claim(engine: Engine, worker_id: str, device: str, lease_s: float,
     return Job.from_row(row)
 
 
-def _fenced(job_id: int, claim_no: int):
+def _fenced(job_id: int, claim_no: int) -> ColumnElement[bool]:
     return and_(jobs.c.id == job_id, jobs.c.claim == claim_no, jobs.c.state == RUNNING)
 
 
@@ -229,7 +229,7 @@ def record_checkpoint(engine: Engine, job_id: int, claim_no: int, epoch: int, pa
     return record_progress(engine, job_id, claim_no, [], (epoch, path))
 
 
-def _max(a, b):
+def _max(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else max(a, b)
 
 
@@ -246,7 +246,7 @@ def succeed(engine: Engine, job_id: int, claim_no: int, result: dict, artifact_p
     return new is not None
 
 
-def fail(engine: Engine, job_id: int, claim_no: int, error: dict) -> str | None:
+def fail(engine: Engine, job_id: int, claim_no: int, error: ErrorRecord) -> str | None:
     """Record a failed run: retryable classes go back to the queue while attempts remain. The new state, or None
     if the job was no longer ours."""
     with write(engine) as conn:
@@ -257,7 +257,7 @@ def fail(engine: Engine, job_id: int, claim_no: int, error: dict) -> str | None:
         return _fail_row(conn, job_id, claim_no, row, error)
 
 
-def _fail_row(conn, job_id: int, claim_no: int, row, error: dict) -> str:
+def _fail_row(conn: Connection, job_id: int, claim_no: int, row: Row, error: ErrorRecord) -> str:
     retry_it = error["class"] in RETRYABLE and row.attempt < row.max_attempts
     if error["class"] in RETRYABLE and not retry_it:
         error = {**error, "message": f"{error['message']} (gave up after {row.attempt} attempts)"}

@@ -10,7 +10,7 @@ import hashlib
 from typing import Any
 
 from sqlalchemy import insert, select
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import IntegrityError
 
 from trainyard.app.accounts import Principal, quotas
@@ -68,7 +68,7 @@ def enqueue_many(engine: Engine, specs: list[TrainJob | PredictJob | RunJob],
     return created
 
 
-def insert_job(conn, spec: TrainJob | PredictJob | RunJob, idempotency_key: str | None = None,
+def insert_job(conn: Connection, spec: TrainJob | PredictJob | RunJob, idempotency_key: str | None = None,
                parameters: int | None = None, needs: dict[str, str] | None = None,
                sweep: dict | None = None, body: dict | None = None, project_id: int | None = None,
                owner: str | None = None) -> Job:
@@ -118,7 +118,7 @@ def scoped_key(project_id: int | None, key: str) -> str:
     return f"{project_id or ''}#{hashlib.sha256(key.encode()).hexdigest()}"
 
 
-def _same_key(existing, body: dict) -> Job:
+def _same_key(existing: Row, body: dict) -> Job:
     if existing.spec != body:
         raise Conflict("Idempotency-Key was already used with a different body")
     return Job.from_row(existing)

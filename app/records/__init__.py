@@ -2,9 +2,21 @@
 seam (queue -> API, queue -> supervisor -> job process; sweep store and reads -> driver, API). Plain types
 only, so pickling one into a job process does not drag SQLAlchemy along."""
 from dataclasses import asdict, dataclass, fields
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
-from trainyard.app.core.states import JobState, SweepState
+from trainyard.app.core.states import ErrorRecord, JobState, SweepState
+
+
+class Rank(TypedDict):
+    """One device of a multi-device run (Job.ranks, rank 0 first), as app/fleet/placement.py chooses it at the
+    claim: stored as JSON in the job's row, so its keys are these strings. Here, beside the record that carries
+    it, as every room above reads it (fleet, jobs, the worker)."""
+    worker: str   # the worker whose device it is (lent to the run but for rank 0's)
+    device: str   # "cpu", "cuda:0"
+    key: str      # its slot key (a GPU's UUID; the worker's id on the CPU)
+    host: str
+    addr: NotRequired[str]  # a job across hosts: the host's address for the ranks (TRAINYARD_NODE_ADDR)
+    port: NotRequired[str]  # rank 0's only: the port its ranks meet at (app/fleet/spread.master)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,13 +52,13 @@ class Job:
     gpu_key: str | None          # the device it was claimed on (a GPU's UUID), for sharing it
     devices: int | None          # devices the job spans (None: 1)
     hosts: int | None            # hosts they are spread over (None: 1)
-    ranks: list[dict[str, str]] | None  # a multi-device run's [{"worker", "device", "key", "host"}], rank 0 first
+    ranks: list[Rank] | None    # a multi-device run's devices, rank 0 first
     checkpoint_path: str | None  # relative to the data dir
     checkpoint_epoch: int | None
     artifact_path: str | None    # relative to the data dir: the run dir of the run that succeeded
     result: dict[str, Any] | None
-    error: dict[str, Any] | None
-    errors: list[dict[str, Any]]
+    error: ErrorRecord | None
+    errors: list[ErrorRecord]    # every attempt's, oldest first, each with its "attempt"
     sweep_id: int | None = None  # a sweep's trial: the sweep, and {"id", "trial", "params"}
     sweep: dict[str, Any] | None = None
     pinned: bool = False         # kept from deletion (app/lifecycle/references.py)

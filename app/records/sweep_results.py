@@ -40,7 +40,7 @@ def goal(spec: dict[str, Any] | SweepPlan) -> str:
 
 def failure(job: Job) -> str | None:
     """Why the trial's job did not finish: its error's class ("pruned" for a pruned one)."""
-    return (job.error or {}).get("class") if job.state in (JobState.FAILED, JobState.PRUNED) else None
+    return job.error.get("class") if job.error and job.state in (JobState.FAILED, JobState.PRUNED) else None
 
 
 def trial_value(job: Job, metric: str) -> float | None:
@@ -85,4 +85,4 @@ def latest_error(found: Iterable[Job]) -> str:
     if not failed:
         return "none of its trials reported it"
     last = max(failed, key=lambda j: j.finished_at or 0)
-    return f"job {last.id}: {(last.error or {}).get('message', 'failed')}"
+    return f"job {last.id}: {last.error.get('message', 'failed') if last.error else 'failed'}"

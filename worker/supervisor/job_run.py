@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import InitVar, dataclass, field
+from enum import StrEnum
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -19,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy.engine import Engine
 
 from trainyard.app.core.settings import Settings
-from trainyard.app.core.states import DEVICE_FAILURE, Failure, error_record
+from trainyard.app.core.states import DEVICE_FAILURE, ErrorRecord, Failure, error_record
 from trainyard.app.fleet import workers as registry
 from trainyard.app.jobs import queue
 from trainyard.app.records import Job, job_reads
@@ -56,6 +57,15 @@ class WorkerLink(Protocol):
     def note_torch_memory(self, metrics: dict) -> None: ...
 
 
+class Outcome(StrEnum):
+    """How a run ended for its supervisor (JobRun.outcome); the first three are the job's state it left."""
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    QUEUED = "queued"  # requeued: a shutdown, a preemption, a failure tried again
+    LOST = "lost"      # no longer ours (cancelled, pruned, taken over): nothing more is written
+    DONE = "done"      # a part leader's ranks ended (rank 0's worker records the job's end: part.py)
+
+
 @dataclass
 class JobRun:
     """One job process and what its supervisor has decided about it so far."""
@@ -66,7 +76,7 @@ class JobRun:
     log_path: Path
     output: InitVar[Connection | None] = None  # the read end of the job process's stdout/stderr pipe
     started: float = field(default_factory=time.monotonic)
-    outcome: str | None = None          # succeeded / failed / queued / lost
+    outcome: Outcome | None = None
     stop_reason: str | None = None      # why we are stopping the process: shutdown, preempt, timeout, memory
     stop_deadline: float | None = None
     checkpoint: str | None = None       # the latest recorded checkpoint: older ones are deleted
@@ -220,7 +230,7 @@ class JobRun:
         """The job was ended (cancelled, pruned by its sweep) or taken over by another worker, or its lease
         ran out: stop our copy, write nothing (every write is fenced). The log says which (why, or the row's)."""
         self.stop_now()
-        self.outcome = "lost"
+        self.outcome = Outcome.LOST
         if why is None:
             try:  # one try, not the lease-long retries of self.db: the log's last line must not wait on it
                 why = job_reads.why_lost(self.worker.engine, self.job.id, self.job.claim)
@@ -247,22 +257,12 @@ class JobRun:
             return self.fail(error_record(Failure.OOM, "KilledByKernel", "the job process was killed (SIGKILL) "
                                           f"without its worker asking, most likely out of host memory{seen}"))
         watchdog = code == -signal.SIGABRT and len(self.plan.ranks) > 1
-        if watchdog and broken_links.aborted_by_watchdog(self.output_tail()):
+        if watchdog and broken_links.aborted_by_watchdog(self.out.tail()):
             return self.fail(error_record(Failure.INFRASTRUCTURE, "RankLost", "the job process (rank 0) was aborted by "
                                           "NCCL's watchdog: a rank or its link went away (its log says which)"))
         how = f"died of signal {signal.Signals(-code).name}" if code is not None and code < 0 \
             else f"exited with code {code}"
         self.fail(error_record(Failure.CRASHED, "JobProcessDied", f"the job process {how} without reporting a result"))
-
-    def output_tail(self, size: int = 16384) -> str:
-        """The last `size` bytes of the job's log, its process's last words included."""
-        self.out.flush()
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - size))
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
 
     def stopped(self) -> None:
         """The job process was stopped (it checkpointed first if it could): why decides what follows (a shutdown
@@ -272,21 +272,21 @@ class JobRun:
             if self.worker.stopping:
                 self.worker.mark_stopping(self.job.id)
             self.sum_up()
-            self.outcome = "queued" if self.db(queue.requeue_preempted) else "lost"
+            self.outcome = Outcome.QUEUED if self.db(queue.requeue_preempted) else Outcome.LOST
             why = "preempted for a job of higher priority" if self.stop_reason == "preempt" else "worker shutting down"
             self.log(f"requeued without using an attempt ({why})")
         else:
             self.fail(error_record(Failure.TIMEOUT, "Timeout",
                                    f"the job ran past its timeout_s of {self.job.timeout_s} s and was stopped"))
 
-    def fail(self, error: dict) -> None:
+    def fail(self, error: ErrorRecord) -> None:
         self.log(f"{error['type']}: {error['message']}")
         if error.get("type") == DEVICE_FAILURE:
             self.out_of_service(error)
         self.sum_up()
-        self.outcome = self.db(queue.fail, error) or "lost"
+        self.outcome = Outcome(new) if (new := self.db(queue.fail, error)) else Outcome.LOST  # failed, or queued again
 
-    def out_of_service(self, error: dict) -> None:
+    def out_of_service(self, error: ErrorRecord) -> None:
         """The worker whose device failed takes no more jobs: this one (its own device: rank 0, or the first of
         this host's ranks), or the one that lent the failed rank its device (registry.quarantine)."""
         why = f"{error['message']} (under job {self.job.id}); restart the worker once the device works again"

@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing import connection
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -87,7 +87,7 @@ class CappedLog:
         parts = [(0, file_head), (file_head + self.mark, self.size)]
         total = self.size - self.mark + len(data)
         with open(self.path, "rb") as old:
-            def blocks(lo: int, hi: int):
+            def blocks(lo: int, hi: int) -> Iterator[bytes]:
                 pos = 0
                 for a, b in parts:
                     s, e = max(lo, pos), min(hi, pos + b - a)
@@ -186,6 +186,16 @@ class JobOutput:
         """What the job printed so far, its unfinished line included."""
         self.pump()
         self.log.finish_pending()
+
+    def tail(self, size: int = 16384) -> str:
+        """The last `size` bytes of the log, the job process's last words included."""
+        self.flush()
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def close(self) -> None:
         """Once every process of the job is gone: the last of its output, and no more pipe."""

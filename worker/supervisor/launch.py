@@ -17,7 +17,7 @@ from trainyard.app.lifecycle import deletion, host_cache
 from trainyard.app.records import Job
 from trainyard.worker import fork_server
 from trainyard.worker.supervisor import memory
-from trainyard.worker.supervisor.job_run import JobRun, WorkerLink
+from trainyard.worker.supervisor.job_run import JobRun, Outcome, WorkerLink
 from trainyard.worker.supervisor.joblog import widen
 from trainyard.worker.supervisor.plan import JobPlan
 from trainyard.worker.supervisor.supervise import supervise
@@ -67,9 +67,9 @@ def run_job(worker: Launcher, job: Job) -> None:
     remove_scratch(settings, plan)
     run.sum_up()
     run.publish_log()  # with the lines written after the job's end was recorded
-    if run.outcome == "lost" and worker.db(deletion.gone, job.id):  # deleted under us: what the run left goes too
+    if run.outcome == Outcome.LOST and worker.db(deletion.gone, job.id):  # deleted under us: what the run left goes too
         deletion.delete_objects(settings.store, [job.id])
-    if run.outcome == "succeeded":
+    if run.outcome == Outcome.SUCCEEDED:
         try:
             settings.store.delete_prefix(settings.layout.rel(settings.layout.checkpoints(job.id)))
         except Exception as exc:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, replace
 from multiprocessing.context import ForkServerContext
+from types import FrameType
 from typing import Any, TypeVar
 
 from sqlalchemy.exc import OperationalError
@@ -99,7 +100,7 @@ class Worker:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    def _on_signal(self, signum, frame) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.stopping = True
         if self.listener is not None:
             self.listener.interrupt()

@@ -19,11 +19,11 @@ import time
 
 from sqlalchemy.exc import OperationalError
 
-from trainyard.app.core.states import Failure, error_record
+from trainyard.app.core.states import ErrorRecord, Failure, error_record
 from trainyard.app.jobs import queue
 from trainyard.app.records import Job
 from trainyard.worker.supervisor import launch
-from trainyard.worker.supervisor.job_run import JobRun
+from trainyard.worker.supervisor.job_run import JobRun, Outcome
 from trainyard.worker.supervisor.supervise import FENCE_CHECK_S, LeaseWatch, watched
 
 log = logging.getLogger("trainyard.worker")
@@ -101,11 +101,11 @@ def _handle(run: JobRun, node: str, wait: float = 0.0) -> None:
         if kind == "log":
             run.log(event["line"])
         elif kind == "error":
-            error = event["error"]
+            error: ErrorRecord = event["error"]  # as the job process built it (worker/runner.py)
             run.log(error.get("traceback") or "")
             run.fail({**error, "message": f"host {node}: {error['message']}"})
         elif kind in ("done", "preempted"):  # rank 0 records the job's end
-            run.outcome = "done"
+            run.outcome = Outcome.DONE
             run.log(f"this host's ranks ended ({kind})")
         if run.outcome is not None:
             return

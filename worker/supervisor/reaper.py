@@ -23,6 +23,7 @@ import signal
 import time
 import warnings
 from collections.abc import Callable, Iterable
+from types import FrameType
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -116,7 +117,7 @@ def set_up_fork_server() -> None:
     me, parent = os.getpid(), os.getppid()
     become_subreaper()
 
-    def on_sigterm(signum, frame) -> None:
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
         if os.getpid() != me:  # a job process forked before it set its own handler: the default action
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)

@@ -16,9 +16,10 @@ from pathlib import Path
 from trainyard.app.core.layout import ARTIFACT_FILES
 from trainyard.app.core.states import Failure, error_record
 from trainyard.app.fleet import preemption, spread
+from trainyard.app.fleet.preemption import Fence
 from trainyard.app.jobs import queue
 from trainyard.app.spec import MAX_META_FILE_BYTES, MAX_METRIC_KEYS, MAX_METRIC_NAME
-from trainyard.worker.supervisor.job_run import JobRun
+from trainyard.worker.supervisor.job_run import JobRun, Outcome
 
 log = logging.getLogger("trainyard.worker")
 
@@ -105,14 +106,14 @@ def _supervise(run: JobRun, lease: LeaseWatch | None) -> None:
     while True:
         # Events wake the loop at once; between them it sleeps until its next check is due, not at a fixed
         # 20 Hz: on a host whose cores all run ranks, each idle wake-up of the worker pre-empts one of them.
-        drain(run, wait=max(0.0, min(next_fence, next_renew) - time.monotonic()))
+        read_events(run, wait=max(0.0, min(next_fence, next_renew) - time.monotonic()))
         if run.outcome is not None:
             break
         if lease is not None and lease.lapsed:
             run.lost("its lease ran out while the database could not be reached")
             break
         if not run.proc.is_alive():
-            drain(run, wait=0)
+            read_events(run, wait=0)
             if run.outcome is None:
                 run.child_died()
             break
@@ -122,14 +123,14 @@ def _supervise(run: JobRun, lease: LeaseWatch | None) -> None:
             next_fence = now + FENCE_CHECK_S
             run.check_memory()
             fenced = run.db(preemption.fence)
-            if fenced == "lost":
+            if fenced == Fence.LOST:
                 run.lost()
                 break
             if run.plan.master and now >= next_hosts_check:
                 next_hosts_check = now + min(HOSTS_CHECK_S, settings.lease_s / 6)
                 if lost_host(run):
                     break
-            if fenced == "preempt" and run.stop_reason is None:  # its device goes to a job of higher priority
+            if fenced == Fence.PREEMPT and run.stop_reason is None:  # its device goes to a job of higher priority
                 run.begin_stop("preempt", settings.grace_s)
         if now >= next_renew:
             next_renew = now + settings.heartbeat_s
@@ -156,7 +157,7 @@ def lost_host(run: JobRun) -> bool:
     return True
 
 
-def drain(run: JobRun, wait: float) -> None:
+def read_events(run: JobRun, wait: float) -> None:
     """Handle the events the job process sent (waiting up to `wait` seconds for the first)."""
     events: list[dict] = []
     try:
@@ -232,7 +233,7 @@ def handle(run: JobRun, event: dict) -> None:
             run.log(f"checkpoint {event['path']} could not be read ({event['reason']}): starting over from "
                     "epoch 1; the metrics of earlier runs were dropped")
         else:
-            run.outcome = "lost"
+            run.outcome = Outcome.LOST
     elif kind == "done":  # the run dir holds a train job's model or a predict job's result.json
         run_dir = run.worker.settings.layout.rel(run.plan.run_dir)
         meta = run.plan.run_dir / ARTIFACT_FILES["meta"]
@@ -242,18 +243,18 @@ def handle(run: JobRun, event: dict) -> None:
                                   "(save_model's extra meta: 64 KiB)"))
             return
         run.sum_up()
-        run.outcome = "succeeded" if run.db(queue.succeed, event["result"], run_dir) else "lost"
+        run.outcome = Outcome.SUCCEEDED if run.db(queue.succeed, event["result"], run_dir) else Outcome.LOST
     elif kind == "error":
         run.log(event["error"].get("traceback") or "")
         run.fail(event["error"])
     elif kind == "preempted":
         run.log("checkpointed at a step boundary")
         run.stopped()
-    if run.outcome == "lost":
+    if run.outcome == Outcome.LOST:
         run.lost()
 
 
-def over_limit(epoch, data: dict) -> str | None:
+def over_limit(epoch: object, data: dict) -> str | None:
     """Why an epoch record a job process sent breaks the bounds on what is stored of it, or None: whole-number
     epoch, at most MAX_METRIC_KEYS metrics (plus the built-in ones) of names up to MAX_METRIC_NAME characters,
     each a number or null."""

@@ -1,7 +1,8 @@
 """The web dashboard: one static page at `/`, its script and stylesheet (no build step), and its session.
 
 The page and its assets are served without auth (a browser cannot send a bearer token when it navigates); they
-hold no data. The page signs in by posting a token to /session, which opens a session of its own
+hold no data. The page signs in by posting a token to /session (JSON; a form's post goes to /session/form, one
+media type per operation, as client generators need), which opens a session of its own
 (app/accounts/signins.py)
 and sets its id, never the token, in an HttpOnly cookie (deps.COOKIE) that no script can read; the browser sends
 it with every API call of the page, and deps.require_token reads it when no Authorization header is sent. The
@@ -46,9 +47,13 @@ class SessionIn(BaseModel):
                        description="a user's token (tyk_...), or TRAINYARD_API_TOKEN, the admin's")
 
 
-SESSION_BODY = {"required": True, "content": {
-    media: {"schema": SessionIn.model_json_schema()} for media in ("application/json",
-                                                                   "application/x-www-form-urlencoded")}}
+def session_body(media: str) -> dict[str, Any]:
+    return {"required": True, "content": {media: {"schema": SessionIn.model_json_schema()}}}
+
+
+SIGN_IN_RESPONSES: dict[int | str, dict[str, Any]] = {
+    204: {"description": "signed in: the cookie is set"}, 401: {"model": ErrorPublic, "description": REFUSED},
+    422: {"model": ErrorPublic, "description": "no token in the body"}}
 
 
 @router.get("/", include_in_schema=False)
@@ -77,15 +82,27 @@ async def given_token(request: Request) -> str:
 
 
 @router.post("/session", tags=["session"], operation_id="sign_in", status_code=204, response_class=Response,
-             openapi_extra={"requestBody": SESSION_BODY},
-             responses={204: {"description": "signed in: the cookie is set"},
-                        401: {"model": ErrorPublic, "description": REFUSED},
-                        422: {"model": ErrorPublic, "description": "no token in the body"}})
+             openapi_extra={"requestBody": session_body("application/json")}, responses=SIGN_IN_RESPONSES)
 async def sign_in(request: Request, token: Annotated[str, Depends(given_token)]) -> Response:
     """Sign a browser in: a session of the token's, whose id (not the token) is kept in an HttpOnly cookie
     (SameSite=Strict; Secure over https) that the browser sends with each request, in place of an Authorization
     header. The session ends when its token is revoked or expires, at sign-out, or after 30 days. For the
-    dashboard; other clients send the header."""
+    dashboard; other clients send the header. (A form's body is read here too, as it always was: POST
+    /session/form is the operation that documents it.)"""
+    return await _open(request, token)
+
+
+@router.post("/session/form", tags=["session"], operation_id="sign_in_form", status_code=204,
+             response_class=Response, openapi_extra={"requestBody": session_body("application/x-www-form-urlencoded")},
+             responses=SIGN_IN_RESPONSES)
+async def sign_in_form(request: Request, token: Annotated[str, Depends(given_token)]) -> Response:
+    """Sign a browser in with a form's `token` field: as POST /session (which takes JSON), its own operation so
+    that each has one media type."""
+    return await _open(request, token)
+
+
+async def _open(request: Request, token: str) -> Response:
+    """The session of a sign-in, its cookie set; 401 for a token not this server's."""
     if await known_principal(request, token) is None:
         raise HTTPException(401, REFUSED, headers={"WWW-Authenticate": "Bearer"})
     session = await run_in_threadpool(signins.open_session, request.app.state.engine, accounts.digest(token),

@@ -11,7 +11,8 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Str
 
 from trainyard.app.api.deps import EngineDep, SettingsDep, WhoDep
 from trainyard.app.api.routes.jobs import MAX_METRICS_PAGE, NEXT_SINCE, JobId, as_json
-from trainyard.app.api.schemas import NOT_FOUND, JobResult, MetricPublic, responses
+from trainyard.app.api.schemas import NOT_FOUND, MetricPublic, responses
+from trainyard.app.api.schemas_results import FullJobResult
 from trainyard.app.core import storage
 from trainyard.app.core.errors import Conflict, Gone, NotFound
 from trainyard.app.core.layout import ARTIFACT_FILES, EXPORT_FILES, RESULT_FILE
@@ -40,7 +41,7 @@ def job_metrics(job_id: JobId, engine: EngineDep, settings: SettingsDep, who: Wh
     return as_json(records, headers={NEXT_SINCE: str(records[-1]["epoch"])} if more and records else None)
 
 
-@router.get("/{job_id}/result", response_model=JobResult, operation_id="job_result",
+@router.get("/{job_id}/result", response_model=FullJobResult, operation_id="job_result",
             responses={**NOT_FOUND, **responses(conflict="the job has not succeeded", gone="its file is gone")})
 def job_result(job_id: JobId, engine: EngineDep, settings: SettingsDep, who: WhoDep) -> Response:
     """The whole result. A prediction's rows and an evaluation's confusion matrix live in a file beside

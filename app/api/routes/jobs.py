@@ -16,6 +16,7 @@ from trainyard.app.accounts import Principal, audit
 from trainyard.app.api.deps import EngineDep, SettingsDep, WhoDep, client_address
 from trainyard.app.api.schemas import HEAVY, NOT_FOUND, JobPublic, JobsPublic, job_fields, responses
 from trainyard.app.core.states import JobState
+from trainyard.app.core.wire import NEXT_SINCE as NEXT_SINCE  # routes/job_files.py's page header, named here too
 from trainyard.app.fleet import dependencies, waiting
 from trainyard.app.jobs import admission, queue, submit
 from trainyard.app.lifecycle import deletion
@@ -35,10 +36,9 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 # Bounded so that no id reaches the database as an integer it cannot store.
 INCLUDE_PATTERN = rf"^({'|'.join(HEAVY)})(,({'|'.join(HEAVY)}))*$"
 JobId = Annotated[int, PathParam(ge=1, le=MAX_ID)]
-# GET /jobs/{id}/metrics (routes/job_files.py) and its events: records per page, and the header that says where
-# the next page starts.
+# GET /jobs/{id}/metrics (routes/job_files.py) and its events: records per page. The header that says where the next
+# page starts is core's, the client's too.
 MAX_METRICS_PAGE = 10_000
-NEXT_SINCE = "X-Next-Since"
 
 EXAMPLES = {
     "train": {"summary": "Train an MLP on Iris", "value": TRAIN_EXAMPLE},

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from tests.service import free_port
+from tests.helpers.service import free_port
 
 
 @dataclass

@@ -1,7 +1,7 @@
-"""Hosts on one machine, for the tests and the benchmarks: each a network namespace of its own (`ip netns`)
-with an address on a bridge made for it, reaching the outside world (PostgreSQL, the S3 server) only
-through the bridge's own address, where the caller forwards the ports it names (socat). Cutting a host's
-link (`ip link set ... down`) is a host whose network went away.
+"""Hosts on one machine, for `trainyard gpu-check`'s two-host step, the tests and the benchmarks: each a network
+namespace of its own (`ip netns`) with an address on a bridge made for it, reaching the outside world
+(PostgreSQL, the S3 server) only through the bridge's own address, where the caller forwards the ports it names
+(socat). Cutting a host's link (`ip link set ... down`) is a host whose network went away.
 
 Everything made here (namespaces, links, the bridge, the forwards, every process left in a namespace) is
 removed on leaving `hosts()`, whatever happened. Making namespaces needs root; `unavailable()` says why
