@@ -69,13 +69,20 @@ def test_a_run_younger_than_the_minimum_or_beside_an_idle_worker_is_not_preempte
 def test_never_the_same_priority_within_a_project_but_a_project_under_its_share_may(engine):
     alpha = accounts.add_project(engine, "alpha")["id"]
     beta = accounts.add_project(engine, "beta")["id"]
+    # alpha ran a job for 600 s that ended 5 minutes ago, and runs another now: all the device time so far.
+    earlier, _ = running(engine, "w0", ran_s=900, project_id=alpha)
+    with write(engine) as conn:
+        conn.execute(update(jobs).where(jobs.c.id == earlier).values(state="succeeded",
+                                                                     finished_at=time.time() - 300))
     victim, claim = running(engine, "w1", ran_s=1000, project_id=alpha)
     queued(engine, project_id=alpha)
     assert preemption.choose(engine, SETTINGS) == []  # same priority, same project
     queued(engine, priority=-5, project_id=alpha)
     assert preemption.choose(engine, SETTINGS) == []  # lower priority
     # beta has had no device time (under its share), alpha all of it (over): beta's job is the head, and
-    # takes the device although of the same priority.
+    # takes the device although of the same priority. (Only alpha's ended run decides it: the victim's own run
+    # stops counting once it is requeued, so without the earlier one the two projects would tie at nothing and
+    # the claim would hand the device straight back to the victim, which is no reason to preempt.)
     for_beta = queued(engine, project_id=beta)
     assert preemption.choose(engine, SETTINGS) == [(victim, claim, for_beta)]
 
