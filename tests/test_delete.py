@@ -12,22 +12,16 @@ from contextlib import contextmanager
 import pytest
 from sqlalchemy import delete, func, insert, select, update
 
-from tests.helpers.jobs import slow_job, tiny_job
+from tests.helpers.jobs import enqueued, slow_job, tiny_job
 from tests.helpers.service import Service
 from trainyard.app.core.errors import Conflict, NotFound
 from trainyard.app.core.layout import Layout
 from trainyard.app.core.storage import Store
 from trainyard.app.db import job_sweeps, jobs, metrics, read, sweeps, write
 from trainyard.app.jobs import queue
-from trainyard.app.jobs.submit import enqueue
 from trainyard.app.launcher import postgres_schema
 from trainyard.app.lifecycle import deletion, references
 from trainyard.app.records import job_reads
-from trainyard.app.spec import parse_spec
-
-
-def submit(engine, body: dict) -> int:
-    return enqueue(engine, parse_spec(body))[0].id
 
 
 def rows_of(engine, job_id: int) -> tuple[int, int]:
@@ -45,7 +39,7 @@ def refused(engine, store, job_id: int, *words: str) -> None:
 
 def test_each_reference_keeps_a_job_and_names_itself(engine, tmp_path):
     store = Store(Layout(tmp_path / "data"))
-    model = submit(engine, tiny_job())
+    model = enqueued(engine, tiny_job()).id
     refused(engine, store, model, f"job {model} is queued")
     job = queue.claim(engine, "w", "cpu", 30)
     assert job is not None and queue.record_epoch(engine, job.id, job.claim, 1, {"val_loss": 0.9})
@@ -56,14 +50,14 @@ def test_each_reference_keeps_a_job_and_names_itself(engine, tmp_path):
     refused(engine, store, model, "pinned", f"/jobs/{model}/unpin")
     assert not deletion.pin(engine, model, False).pinned
 
-    predict = submit(engine, {"kind": "predict", "model_job": model, "inputs": [[5.1, 3.5, 1.4, 0.2]],
-                              "device": "cpu"})
+    predict = enqueued(engine, {"kind": "predict", "model_job": model, "inputs": [[5.1, 3.5, 1.4, 0.2]],
+                                "device": "cpu"}).id
     refused(engine, store, model, f"job {model} is the model_job of job {predict}, which is queued")
     queue.cancel(engine, predict)
-    warm = submit(engine, {**tiny_job(), "init_from": model})
+    warm = enqueued(engine, {**tiny_job(), "init_from": model}).id
     refused(engine, store, model, f"the init_from of job {warm}")
     queue.cancel(engine, warm)
-    waiting = submit(engine, tiny_job())  # `after` read from the stored spec, whoever adds it to the spec
+    waiting = enqueued(engine, tiny_job()).id  # `after` read from the stored spec, whoever adds it to the spec
     with write(engine) as conn:
         conn.execute(update(jobs).where(jobs.c.id == waiting).values(spec={  # and a name that is no id, passed over
             **tiny_job(), "after": [model, 10**6], "init_from": "sweep:9:best"}))
@@ -87,7 +81,7 @@ def test_the_best_trial_of_a_running_sweep_is_kept(engine, tmp_path):
                                                       trial_count=2).returning(sweeps.c.id)).scalar_one()
     made = []
     for trial, loss in enumerate((0.2, 0.7)):
-        job_id = submit(engine, tiny_job())
+        job_id = enqueued(engine, tiny_job()).id
         with write(engine) as conn:
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(
                 sweep_id=sweep_id, sweep={"id": sweep_id, "trial": trial, "params": {}}))
@@ -99,7 +93,7 @@ def test_the_best_trial_of_a_running_sweep_is_kept(engine, tmp_path):
     deletion.delete_job(engine, store, worse)  # only the best is kept
     with pytest.raises(Conflict, match="running; cancel it first"):
         deletion.delete_sweep(engine, store, sweep_id)
-    waiting = submit(engine, tiny_job())  # as one naming "sweep:<id>:best" waits until the sweep's end is seen
+    waiting = enqueued(engine, tiny_job()).id  # as one naming "sweep:<id>:best" waits until the sweep's end is seen
     with write(engine) as conn:
         conn.execute(update(sweeps).where(sweeps.c.id == sweep_id).values(state="succeeded"))
         conn.execute(insert(job_sweeps).values(job_id=waiting, sweep_id=sweep_id, field="model_job"))
@@ -114,7 +108,7 @@ def test_the_best_trial_of_a_running_sweep_is_kept(engine, tmp_path):
 
 
 def test_a_dataset_a_queued_job_uses_is_kept(engine):
-    job_id = submit(engine, {**tiny_job(), "data": {"dataset": "upload:abc123"}})
+    job_id = enqueued(engine, {**tiny_job(), "data": {"dataset": "upload:abc123"}}).id
     with read(engine) as conn:
         assert references.why_dataset_kept(conn, "abc123") == \
             f"dataset abc123 is used by job {job_id}, which is queued; cancel it or wait for it to end"
@@ -140,7 +134,7 @@ def test_only_the_jobs_own_objects_go(tmp_path):
 def test_writes_of_a_worker_whose_job_was_deleted_under_it_change_nothing(engine):
     """The race a delete's running check prevents, forced (as a lease that ran out under it would): every fenced
     write of the worker still running it matches nothing, and none brings a row back."""
-    job_id = submit(engine, tiny_job())
+    job_id = enqueued(engine, tiny_job()).id
     job = queue.claim(engine, "w", "cpu", 30)
     assert job is not None and queue.record_epoch(engine, job_id, job.claim, 1, {"val_loss": 0.9})
     with write(engine) as conn:

@@ -5,18 +5,13 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from tests.helpers.jobs import IRIS_JOB, tiny_job
+from tests.helpers.jobs import IRIS_JOB, enqueued
 from trainyard.app.core import errors
 from trainyard.app.db import make_engine, migrate
 from trainyard.app.jobs import queue
 from trainyard.app.jobs.submit import enqueue
 from trainyard.app.records import job_reads
 from trainyard.app.spec import parse_spec
-
-
-def submit(engine, body=None, key=None, **over):
-    job, _ = enqueue(engine, parse_spec({**(body or tiny_job()), **over}), key)
-    return job
 
 
 def test_a_claim_in_progress_is_waited_for_not_skipped_past(engine):
@@ -28,8 +23,8 @@ def test_a_claim_in_progress_is_waited_for_not_skipped_past(engine):
     from trainyard.app.fleet.placement import Slot
     for w in ("a", "b"):
         workers.register_worker(engine, w, "h", 1, "cpu", {})
-    wide = submit(engine, devices=2)
-    after = submit(engine)
+    wide = enqueued(engine, devices=2)
+    after = enqueued(engine)
     took = {}
     with write(engine) as conn:  # worker a's claim, caught in the middle: it holds what a claim holds
         if conn.dialect.name == "postgresql":
@@ -47,9 +42,9 @@ def test_a_claim_in_progress_is_waited_for_not_skipped_past(engine):
 
 
 def test_claim_order_priority_then_oldest(engine):
-    a = submit(engine)
-    b = submit(engine, priority=5)
-    c = submit(engine)
+    a = enqueued(engine)
+    b = enqueued(engine, priority=5)
+    c = enqueued(engine)
     order = [queue.claim(engine, "w", "cpu", 10).id for _ in range(3)]
     assert order == [b.id, a.id, c.id]
     assert queue.claim(engine, "w", "cpu", 10) is None
@@ -57,7 +52,7 @@ def test_claim_order_priority_then_oldest(engine):
 
 def test_a_draining_worker_claims_nothing_until_undrained(engine):
     from trainyard.app.fleet import workers
-    job = submit(engine)
+    job = enqueued(engine)
     for w in ("a", "b"):
         workers.register_worker(engine, w, "host", 1, "cpu", {})
     assert workers.set_draining(engine, "a", True)["draining"] is True
@@ -77,11 +72,11 @@ def test_jobs_that_state_their_gpu_memory_share_a_device_within_its_budget(engin
     from trainyard.app.fleet.placement import Slot
     gpu = Slot("GPU-aaaa", budget=10 * 10**9)
     mem = dict(device="auto")
-    too_big = submit(engine, **mem, resources={"gpu_memory_gb": 20})   # never fits here: skipped, not waited for
-    a = submit(engine, **mem, resources={"gpu_memory_gb": 6})
-    c = submit(engine, **mem, resources={"gpu_memory_gb": 3})
-    b = submit(engine, **mem, resources={"gpu_memory_gb": 6})
-    whole = submit(engine, **mem)                                       # states nothing: the device to itself
+    too_big = enqueued(engine, **mem, resources={"gpu_memory_gb": 20})   # never fits here: skipped, not waited for
+    a = enqueued(engine, **mem, resources={"gpu_memory_gb": 6})
+    c = enqueued(engine, **mem, resources={"gpu_memory_gb": 3})
+    b = enqueued(engine, **mem, resources={"gpu_memory_gb": 6})
+    whole = enqueued(engine, **mem)                                       # states nothing: the device to itself
     claim = lambda w, slot=gpu: queue.claim(engine, w, "cuda:0", 10, None, slot)  # noqa: E731
     got_a, got_c = claim("w1"), claim("w2")
     assert (got_a.id, got_c.id) == (a.id, c.id) and got_a.gpu_key == "GPU-aaaa" and got_a.need_gpu_memory == 6 * 10**9
@@ -105,9 +100,9 @@ def test_a_head_another_worker_is_reading_is_still_the_head(engine):
     from trainyard.app.fleet.placement import Slot
     for w in ("a", "b"):
         workers.register_worker(engine, w, "h", 1, "cpu", {})
-    small = submit(engine)
-    wide = submit(engine, devices=2)
-    after = submit(engine)
+    small = enqueued(engine)
+    wide = enqueued(engine, devices=2)
+    after = enqueued(engine)
     assert queue.claim(engine, "a", "cpu", 10, None, Slot("a", None, gang=2)).id == small.id
     assert not queue.has_work(engine, "cpu", None, "b", Slot("b", None, gang=2))
     if engine.dialect.name == "postgresql":  # SQLite has no row locks: BEGIN IMMEDIATE serialises claims
@@ -127,9 +122,9 @@ def test_a_multi_device_job_borrows_idle_workers_of_its_host_and_kind(engine):
                             ("x", "h2", "cpu")):
         workers.register_worker(engine, w, host, 1, device, {})
     three = Slot("a", None, gang=3)
-    small = submit(engine)
-    wide = submit(engine, devices=3)
-    after = submit(engine)
+    small = enqueued(engine)
+    wide = enqueued(engine, devices=3)
+    after = enqueued(engine)
     busy = queue.claim(engine, "b", "cpu", 10, None, Slot("b", None, gang=3))
     assert busy.id == small.id and busy.ranks is None
     # The head is the 3-device job; b is busy, so a and c wait for it rather than taking `after`.
@@ -145,7 +140,7 @@ def test_a_multi_device_job_borrows_idle_workers_of_its_host_and_kind(engine):
     # Same host, same kind: not g (cuda), not x (h2).
     assert [(r["worker"], r["device"]) for r in got.ranks] == [("a", "cpu"), ("b", "cpu"), ("c", "cpu")]
     assert workers.lent_to(engine, "b") == wide.id and workers.lent_to(engine, "g") is None
-    late = submit(engine)
+    late = enqueued(engine)
     for w in ("b", "c"):  # lent: they claim nothing while the run lasts
         assert not queue.has_work(engine, "cpu", None, w, Slot(w, None, gang=3))
         assert queue.claim(engine, w, "cpu", 10, None, Slot(w, None, gang=3)) is None
@@ -161,7 +156,7 @@ def test_a_multi_device_job_takes_distinct_idle_gpus_and_no_draining_worker(engi
     for w, device, uuid in (("g0", "cuda:0", "GPU-0"), ("g0b", "cuda:0", "GPU-0"), ("g1", "cuda:1", "GPU-1"),
                             ("g2", "cuda:2", "GPU-2")):
         workers.register_worker(engine, w, "h", 1, device, {"slot": {"key": uuid}})
-    job = submit(engine, device="cuda", devices=2)
+    job = enqueued(engine, device="cuda", devices=2)
     workers.set_draining(engine, "g1", True)
     got = queue.claim(engine, "g0", "cuda:0", 10, None, Slot("GPU-0", None, gang=4))
     # g0b shares g0's GPU (a second rank there would only contend for it); g1 is draining.
@@ -169,7 +164,7 @@ def test_a_multi_device_job_takes_distinct_idle_gpus_and_no_draining_worker(engi
     assert [(r["worker"], r["device"]) for r in got.ranks] == [("g0", "cuda:0"), ("g2", "cuda:2")]
     # GPU-2 is a rank of that job now: a worker sharing it (g2b) starts nothing there until the job ends.
     workers.register_worker(engine, "g2b", "h", 1, "cuda:2", {"slot": {"key": "GPU-2"}})
-    small = submit(engine, device="cuda")
+    small = enqueued(engine, device="cuda")
     assert queue.claim(engine, "g2b", "cuda:2", 10, None, Slot("GPU-2", None, gang=5)) is None
     assert queue.succeed(engine, job.id, got.claim, {}, None)
     assert queue.claim(engine, "g2b", "cuda:2", 10, None, Slot("GPU-2", None, gang=5)).id == small.id
@@ -177,15 +172,15 @@ def test_a_multi_device_job_takes_distinct_idle_gpus_and_no_draining_worker(engi
 
 def test_a_worker_that_offers_no_device_memory_takes_no_job_that_states_some(engine):
     from trainyard.app.fleet.placement import Slot
-    job = submit(engine, device="auto", resources={"gpu_memory_gb": 1})
+    job = enqueued(engine, device="auto", resources={"gpu_memory_gb": 1})
     assert queue.claim(engine, "w", "cuda:0", 10) is None
     assert queue.claim(engine, "w", "cpu", 10, None, Slot("w", None)) is None
     assert queue.claim(engine, "w", "cpu", 10, None, Slot("host/cpu", 2 * 10**9)).id == job.id
 
 
 def test_claim_respects_device(engine):
-    gpu_only = submit(engine, device="cuda:1")
-    anywhere = submit(engine, device="auto")
+    gpu_only = enqueued(engine, device="cuda:1")
+    anywhere = enqueued(engine, device="auto")
     assert queue.claim(engine, "w", "cpu", 10).id == anywhere.id
     assert queue.claim(engine, "w", "cpu", 10) is None
     assert queue.claim(engine, "w", "cuda:0", 10) is None
@@ -194,7 +189,7 @@ def test_claim_respects_device(engine):
 
 
 def test_fenced_writes_of_a_stale_claim_change_nothing(engine):
-    job = submit(engine)
+    job = enqueued(engine)
     first = queue.claim(engine, "w1", "cpu", 0.01)
     time.sleep(0.05)
     assert queue.requeue_expired(engine) == [(job.id, "queued")]
@@ -216,7 +211,7 @@ def test_fenced_writes_of_a_stale_claim_change_nothing(engine):
 
 
 def test_expired_lease_fails_after_max_attempts(engine):
-    job = submit(engine, max_attempts=2)
+    job = enqueued(engine, max_attempts=2)
     for expected in ("queued", "failed"):
         queue.claim(engine, "w", "cpu", 0.01)
         time.sleep(0.05)
@@ -227,7 +222,7 @@ def test_expired_lease_fails_after_max_attempts(engine):
 
 
 def test_job_errors_are_not_retried_but_infrastructure_errors_are(engine):
-    a, b = submit(engine), submit(engine)
+    a, b = enqueued(engine), enqueued(engine)
     ca = queue.claim(engine, "w", "cpu", 10)
     assert queue.fail(engine, a.id, ca.claim, {"class": "job", "type": "ValueError", "message": "bad"}) == "failed"
     cb = queue.claim(engine, "w", "cpu", 10)
@@ -235,7 +230,7 @@ def test_job_errors_are_not_retried_but_infrastructure_errors_are(engine):
 
 
 def test_preempted_job_keeps_its_attempt_count(engine):
-    job = submit(engine)
+    job = enqueued(engine)
     c = queue.claim(engine, "w", "cpu", 10)
     assert c.attempt == 1
     assert queue.requeue_preempted(engine, job.id, c.claim)
@@ -244,7 +239,7 @@ def test_preempted_job_keeps_its_attempt_count(engine):
 
 
 def test_resume_drops_metrics_after_the_checkpoint(engine):
-    job = submit(engine)
+    job = enqueued(engine)
     c = queue.claim(engine, "w", "cpu", 10)
     for epoch in (1, 2, 3):
         queue.record_epoch(engine, job.id, c.claim, epoch, {"train_loss": float(epoch)})
@@ -256,7 +251,7 @@ def test_resume_drops_metrics_after_the_checkpoint(engine):
 
 
 def test_cancel_and_retry(engine):
-    job = submit(engine)
+    job = enqueued(engine)
     assert queue.cancel(engine, job.id).state == "cancelled"
     with pytest.raises(errors.Conflict):
         queue.cancel(engine, job.id)
@@ -281,7 +276,7 @@ def test_concurrent_claims_never_share_a_job(backend_url: str) -> None:
     """Four workers, each with its own engine (as separate processes would have), drain 60 jobs."""
     setup = make_engine(backend_url)
     migrate.upgrade(setup)
-    ids = {submit(setup).id for _ in range(60)}
+    ids = {enqueued(setup).id for _ in range(60)}
     claimed: list[int] = []
     lock = threading.Lock()
 

@@ -16,3 +16,12 @@ def slow_job(epochs: int = 40, **train) -> dict:
     return {"kind": "train", "model": {"arch": "cnn", "channels": [16, 32]}, "data": {"dataset": "digits"},
             "train": {"epochs": epochs, "batch_size": 16, "lr": 0.001, "checkpoint_every_s": 0, **train},
             "device": "cpu"}
+
+
+def enqueued(engine, body: dict | None = None, key: str | None = None, **over):
+    """A job queued straight through the queue's INSERT (no server): tiny_job() unless a body is given, with
+    `over` laid over it; the Job record."""
+    from trainyard.app.jobs.submit import enqueue
+    from trainyard.app.spec import parse_spec
+
+    return enqueue(engine, parse_spec({**(body or tiny_job()), **over}), key)[0]
