@@ -21,8 +21,8 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 # The server, the CLI and the client are tested from the built wheel on Python 3.12 and 3.13 without torch
-# (tests/test_install.py): one venv each under $(VENV)/pythons/3.X, holding the project's base dependencies
-# only. The Pythons are python3.X on PATH, else pyenv's; one that is missing is skipped (the test says so).
+# (tests/project/test_install.py): one venv each under $(VENV)/pythons/3.X, holding the project's base
+# dependencies only. The Pythons are python3.X on PATH, else pyenv's; one that is missing is skipped (the test says so).
 OTHER_PYTHONS ?= 3.12 3.13
 OTHER_PYTHONS_STAMP := $(VENV)/pythons/.installed
 $(OTHER_PYTHONS_STAMP): pyproject.toml | $(BIN)/python
@@ -39,8 +39,8 @@ $(OTHER_PYTHONS_STAMP): pyproject.toml | $(BIN)/python
 	done
 	touch $@
 
-# The worker's tests on the oldest torch the worker extra allows (tests/test_torch_floor.py), in a venv of its own
-# under $(VENV)/torch-floor: that torch and torchvision (PyPI's CUDA builds, which run on the CPU), then the
+# The worker's tests on the oldest torch the worker extra allows (tests/project/test_torch_floor.py), in a venv of
+# its own under $(VENV)/torch-floor: that torch and torchvision (PyPI's CUDA builds, which run on the CPU), then the
 # project and its test extra around them. Keep TORCH_FLOOR at the lower bound of the worker extra's torch.
 TORCH_FLOOR ?= 2.9.1
 TORCHVISION_FLOOR ?= 0.24.1

@@ -1,6 +1,6 @@
 """Wire types of the answers about the service and its reads that are built as plain values (GET /devices,
 /catalog, /healthz, /sweeps/{id}/curves, /storage): the routes serialise the values themselves, these models document
-them, so that a generated client gets typed objects (tests/test_openapi.py checks the real answers against
+them, so that a generated client gets typed objects (tests/api/test_openapi.py checks the real answers against
 them). Open objects (extra="allow") where an answer carries more than is listed: a plugin's own fields, an
 NVML reading's, a dataset's description."""
 from datetime import datetime

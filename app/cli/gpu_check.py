@@ -193,7 +193,7 @@ def find_checks_dir() -> Path | None:
 def cuda_test_files(checks_dir: Path) -> list[str]:
     """The test files that hold CUDA-marked tests. Only they are collected: the others may import the test
     extra (a browser driver, an S3 server ...), which the image does not carry."""
-    return sorted(str(p.relative_to(checks_dir)) for p in (checks_dir / "tests").glob("test_*.py")
+    return sorted(str(p.relative_to(checks_dir)) for p in (checks_dir / "tests").rglob("test_*.py")
                   if re.search(r"\bmark\.cuda\b", p.read_text(errors="replace")))
 
 

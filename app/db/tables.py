@@ -1,5 +1,5 @@
 """The tables: every row the service keeps, one Table each, on one MetaData that the migrations (app/db/migrations/)
-build and tests/test_schema.py compares. app/db/__init__.py re-exports them, with the engine and the transactions."""
+build and tests/db/test_schema.py compares. app/db/__init__.py re-exports them, with the engine and the transactions."""
 from sqlalchemy import (
     JSON,
     BigInteger,

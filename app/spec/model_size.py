@@ -2,7 +2,7 @@
 
 The API refuses a train job whose model would be larger than `max_parameters` before it reaches a
 worker (a two-field spec can ask for billions of weights). The counts follow worker/nets.py
-exactly; tests/test_model_size.py builds every architecture with torch and compares.
+exactly; tests/spec/test_model_size.py builds every architecture with torch and compares.
 """
 import math
 
@@ -10,7 +10,7 @@ from trainyard.app.spec import ModelSpec
 
 # torchvision classifiers: (parameters without the classifier's weights, parameters per class:
 # the classifier's input width + 1 for its bias). Counted from torchvision 0.29's builders with
-# weights=None; tests/test_model_size.py re-counts them against the installed torchvision.
+# weights=None; tests/spec/test_model_size.py re-counts them against the installed torchvision.
 TORCHVISION_PARAMS = {
     "alexnet": (57003840, 4097), "convnext_tiny": (27820128, 769), "convnext_small": (49454688, 769),
     "densenet121": (6953856, 1025), "densenet161": (26472000, 2209), "densenet169": (12484480, 1665),

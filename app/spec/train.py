@@ -10,7 +10,7 @@ from trainyard.app.spec.common import DATASET_INFO, Params, _bounded_params, _St
 # Architectures built by worker/nets.py, plus torchvision.models classifiers by name.
 ARCHS = ("mlp", "cnn", "cifar_net")
 # torchvision.models classifiers that build without downloading anything (weights=None).
-# tests/test_nets.py checks this list against torchvision.models.list_models().
+# tests/worker/test_nets.py checks this list against torchvision.models.list_models().
 TORCHVISION_ARCHS = (
     "alexnet", "convnext_tiny", "convnext_small", "densenet121", "densenet161", "densenet169",
     "efficientnet_b0", "efficientnet_b1", "efficientnet_v2_s", "googlenet", "mnasnet0_5",

@@ -118,7 +118,7 @@ async def list_jobs(request: Request, who: WhoDep,
 
     def read_page(engine):
         # One connection for the page and what its items share (the workers, their dependencies, summaries):
-        # a constant number of statements whatever the page's size (tests/test_hot_paths.py counts them).
+        # a constant number of statements whatever the page's size (tests/api/test_hot_paths.py counts them).
         with db.read(engine) as conn:
             rows, count = job_reads.list_page(conn, state, kind, limit, offset, leave_out, sweep,
                                               settings.max_list_bytes, project)

@@ -1,6 +1,6 @@
 """The sweep spec and the search's driver on SQLite and the real PostgreSQL server: trials are made,
 told, pruned and carried on by a new process, with the queue playing the worker's part (the HTTP
-and real-worker side is tests/test_sweeps.py)."""
+and real-worker side is tests/sweeps/test_sweeps.py)."""
 import json
 import math
 import statistics

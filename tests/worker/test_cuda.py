@@ -1,6 +1,6 @@
 """What only a GPU can prove about a job on its own card, within its own memory: every test here is marked
 `cuda` and skipped without one (`make gpu-check` runs them on a CUDA host). The logic behind each is
-tested on the CPU with recorded numbers (tests/test_train.py, test_placement.py, test_runner.py).
+tested on the CPU with recorded numbers (tests/worker/test_train.py, test_placement.py, test_runner.py).
 
 Each job runs in a process of its own (spawned, as a worker's fork server gives it a fresh CUDA
 context): a memory cap, the current device and cuDNN's switches are process-wide.

@@ -17,7 +17,7 @@ from tests.helpers.service import ROOT, Service
 from trainyard.app.db import make_engine, metadata, migrate
 from trainyard.app.launcher import postgres_schema
 
-FIXTURE = Path(__file__).parent / "fixtures" / "release-8399c49"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "release-8399c49"
 
 
 def test_the_migrations_build_the_schema_the_code_uses(backend_url):

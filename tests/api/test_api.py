@@ -102,7 +102,7 @@ def test_predict_checks_against_the_model_job(live, trained):
         r = c.post("/jobs", json={"kind": "predict", "model_job": model_id, "inputs": [[1.0, 2.0, 3.0]]})
         assert r.status_code == 422 and "inputs" in r.text and "takes 4" in r.text
         r = c.post("/jobs", json={"kind": "predict", "model_job": queued_id, "inputs": [[1, 2, 3, 4]]})
-        assert r.status_code == 201  # a model job still queued is waited for (tests/test_dependencies.py)
+        assert r.status_code == 201  # a model job still queued is waited for (tests/fleet/test_dependencies.py)
         assert f"job {queued_id} (queued)" in c.get(f"/jobs/{r.json()['id']}").json()["waiting_for"]
         assert c.post(f"/jobs/{r.json()['id']}/cancel").status_code == 200
         ok = c.post("/jobs", json={"kind": "predict", "model_job": model_id, "inputs": [[1, 2, 3, 4]]})
@@ -164,11 +164,11 @@ def test_bearer_token(tmp_path):
         # The worker and the CLI read the same variable.
         svc.start_worker("cpu")
         cli = subprocess.run([sys.executable, "-m", "trainyard", "status", str(ok.json()["id"]), "--json"],
-                             env=svc.env, capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+                             env=svc.env, capture_output=True, text=True, cwd=Path(__file__).parents[2])
         assert cli.returncode == 0 and json.loads(cli.stdout)["id"] == ok.json()["id"]
         no_token = {k: v for k, v in svc.env.items() if k != "TRAINYARD_API_TOKEN"}
         cli = subprocess.run([sys.executable, "-m", "trainyard", "jobs"], env=no_token, capture_output=True,
-                             text=True, cwd=Path(__file__).parent.parent)
+                             text=True, cwd=Path(__file__).parents[2])
         assert cli.returncode == 1 and "401" in cli.stderr
     finally:
         svc.stop()

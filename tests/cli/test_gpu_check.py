@@ -129,7 +129,7 @@ def test_the_cuda_tests_check_keeps_pytests_whole_report_in_its_folder(tmp_path,
     from trainyard.app.cli import gpu_steps
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the check's TMPDIR, as gpu-check sets it
-    passed, summary = gpu_steps.cuda_tests("cpu", "tests/test_cuda_multi.py")
+    passed, summary = gpu_steps.cuda_tests("cpu", "tests/worker/test_cuda_multi.py")
     assert passed, summary
     log = (tmp_path / "cuda-tests.log").read_text()
     assert "test_a_two_device_job_runs_on_two_gpus_over_nccl" in log and summary.split(" (")[0] in log

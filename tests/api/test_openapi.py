@@ -135,7 +135,7 @@ def test_the_document_is_valid_openapi_3_1_and_says_what_the_server_does(documen
 
 
 def test_devices_of_gpu_hosts_conform(document):
-    """/devices as GPU hosts answer it (readings shaped like NVML's, as tests/test_devices.py records them): this
+    """/devices as GPU hosts answer it (readings shaped like NVML's, as tests/worker/test_devices.py records them): this
     machine has no GPU to show, the document must still type them."""
     from tests.helpers.gpu_readings import BUILD, CPU, H100, L4, on, worker
 

@@ -19,7 +19,7 @@ from trainyard.app.spec import MAX_METRIC_KEYS, MAX_METRIC_NAME
 pytestmark = pytest.mark.slow
 MiB = 1 << 20
 LIST_BYTES = 1 * MiB  # the service's TRAINYARD_MAX_LIST_BYTES here: a few 1 MB specs are past it
-APP_JS = Path(__file__).parents[1] / "app" / "api" / "static" / "app.js"
+APP_JS = Path(__file__).parents[2] / "app" / "api" / "static" / "app.js"
 
 PROBES = '''
 import json

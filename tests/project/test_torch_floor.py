@@ -20,11 +20,11 @@ pytestmark = pytest.mark.slow
 
 FLOOR = ROOT / ".venv" / "torch-floor" / "bin" / "python"
 CASES = [
-    "tests/test_train.py",
-    "tests/test_export.py",
-    "tests/test_reliability.py::test_sigkill_worker_job_resumes_on_another_worker",
-    "tests/test_plugins.py::test_a_run_job_reports_checkpoints_saves_a_model_and_the_client_drives_it",
-    "tests/test_plugins.py::test_a_run_job_sigkilled_mid_run_resumes_from_restore_on_another_worker",
+    "tests/worker/test_train.py",
+    "tests/jobs/test_export.py",
+    "tests/jobs/test_reliability.py::test_sigkill_worker_job_resumes_on_another_worker",
+    "tests/worker/test_plugins.py::test_a_run_job_reports_checkpoints_saves_a_model_and_the_client_drives_it",
+    "tests/worker/test_plugins.py::test_a_run_job_sigkilled_mid_run_resumes_from_restore_on_another_worker",
 ]
 
 

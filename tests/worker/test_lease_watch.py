@@ -1,6 +1,6 @@
 """A run whose lease lapses is stopped at the lapse, whatever its supervisor is waiting on; and connections
 to PostgreSQL carry libpq's limits, so no call waits for minutes on a network that is gone. The whole
-thing, a host's link cut for real, is tests/test_hosts_netns.py."""
+thing, a host's link cut for real, is tests/worker/test_hosts_netns.py."""
 import subprocess
 import sys
 import time

@@ -26,7 +26,7 @@ from trainyard.app.sweeps import sweep_store
 
 service_backend = on_both_backends()
 EVALUATE = {"kind": "predict", "data": {"dataset": "iris", "split": "val"}, "device": "cpu"}
-# Diverges within a few epochs: the job fails with class job (tests/test_reliability.py).
+# Diverges within a few epochs: the job fails with class job (tests/jobs/test_reliability.py).
 DIVERGING = {**tiny_job(), "model": {"arch": "mlp", "hidden": [256, 256, 256]},
              "train": {"epochs": 20, "batch_size": 8, "optimizer": "sgd", "lr": 10.0, "momentum": 0.99}}
 

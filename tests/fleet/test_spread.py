@@ -1,7 +1,7 @@
 """Jobs across hosts, as the queue and the placement see them: the spec's shape, the claim that borrows workers
 of several hosts in one transaction, why such a job waits, which worker runs which host's ranks, and how rank
 0's worker learns that a host is gone (app/fleet/spread.py), on each backend (`engine`). The same on hosts of their own:
-tests/test_hosts_netns.py."""
+tests/worker/test_hosts_netns.py."""
 import pytest
 from sqlalchemy import update
 

@@ -311,7 +311,7 @@ def test_the_storage_panel_shows_every_kind_as_measured(live, watched):
 
 
 def test_the_page_signs_in_with_a_cookie_and_its_script_never_sends_the_token(browser, tmp_path):
-    """The page asks for the token, posts it to /session (an HttpOnly cookie: tests/test_dashboard_signin.py), and
+    """The page asks for the token, posts it to /session (an HttpOnly cookie: tests/api/test_dashboard_signin.py), and
     from then on the browser sends the cookie: no Authorization header, nothing in local storage."""
     svc = Service(tmp_path / "data", env={"TRAINYARD_API_TOKEN": "dash-s3cret"}).start_server()
     w = Watched(browser)

@@ -1,6 +1,6 @@
 """TRAINYARD_NODE_ADDR: the address other hosts reach a host's ranks at. Never a loopback one, which would
 let a rank on another host dial itself; a refused setting is one line naming the variable, not a traceback.
-/workers shows each worker's (tests/test_hosts_netns.py, on hosts of their own)."""
+/workers shows each worker's (tests/worker/test_hosts_netns.py, on hosts of their own)."""
 import subprocess
 import sys
 

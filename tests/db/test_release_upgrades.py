@@ -22,7 +22,7 @@ from trainyard.app.jobs import queue
 from trainyard.app.launcher import postgres_schema
 from trainyard.app.records import job_reads
 
-RELEASES = Path(__file__).parent / "fixtures" / "releases"
+RELEASES = Path(__file__).parents[1] / "fixtures" / "releases"
 FIXTURES = sorted(p.name.split(".")[0] for p in RELEASES.glob("*.postgresql.sql"))
 JOBS = ("SELECT id, name, state, spec, attempt, claim, epoch, latest_metrics, artifact_path, result FROM jobs "
         "ORDER BY id")

@@ -1,0 +1,1 @@
+"""app/accounts: users, projects, tokens, quotas, the admin surface."""

@@ -1,0 +1,1 @@
+"""app/api: the HTTP API, its OpenAPI document, streams, the dashboard, the guards and limits, uploads."""

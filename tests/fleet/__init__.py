@@ -1,0 +1,1 @@
+"""app/fleet: placement, fair share, preemption, spreading, the fleet, dependencies, the claim."""

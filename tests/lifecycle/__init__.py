@@ -1,0 +1,1 @@
+"""app/lifecycle: the collector, deletion, retention, host caches, the store."""

@@ -1,0 +1,1 @@
+"""app/observe: Prometheus metrics and what an operator watches."""

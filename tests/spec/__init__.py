@@ -1,0 +1,1 @@
+"""app/spec: the job spec and model sizes."""

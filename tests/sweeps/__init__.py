@@ -1,0 +1,1 @@
+"""app/sweeps: sweeps, the driver, pruning, sweep limits."""

@@ -1,0 +1,1 @@
+"""worker/: the job process (training, inference, data, devices, ranks) and the supervisor."""
