@@ -52,9 +52,9 @@ def clean_env(**extra: str) -> dict[str, str]:
 def test_the_wheel_and_the_sdist_carry_what_a_checkout_provides(wheel, tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for part in ("trainyard/app/api/static/index.html", "trainyard/worker/datasets/iris.csv",
-                 "trainyard/app/migrations/script.py.mako", "trainyard/app/operator_token.py"):
+                 "trainyard/app/db/migrations/script.py.mako", "trainyard/app/core/operator_token.py"):
         assert part in names, part
-    assert any(n.startswith("trainyard/app/migrations/versions/") for n in names)
+    assert any(n.startswith("trainyard/app/db/migrations/versions/") for n in names)
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "License-Expression: Apache-2.0" in meta and "Requires-Python: >=3.11" in meta
     assert "Classifier: Programming Language :: Python :: 3.13" in meta
