@@ -9,10 +9,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import Integer, any_, bindparam, create_engine, event
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.expression import FunctionElement
 from sqlalchemy.types import Float as FloatType
 
@@ -62,6 +64,15 @@ IDLE_IN_TRANSACTION_MS = 10_000
 # connection (a LISTEN) whose peer is gone is found by keepalives within about 25 seconds.
 PG_CONNECTION_LIMITS = {"connect_timeout": "10", "tcp_user_timeout": "15000", "keepalives": "1",
                         "keepalives_idle": "10", "keepalives_interval": "5", "keepalives_count": "3"}
+
+
+def ids_in(column: ColumnElement[int], dialect: str, name: str = "ids") -> ColumnElement[bool]:
+    """column IN the list of ids bound as `name`. On PostgreSQL one array parameter (`= ANY`): the statement's text
+    is the same whatever the list's length, so psycopg parses it once and prepares it (an expanding IN of a page's
+    50 ids made a statement too long for its cache, split again at every request). Elsewhere an expanding IN."""
+    if dialect == "postgresql":
+        return column == any_(bindparam(name, type_=ARRAY(Integer)))
+    return column.in_(bindparam(name, expanding=True))
 
 
 def compact_json(value: Any) -> str:

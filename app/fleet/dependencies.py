@@ -10,14 +10,27 @@ No cycle can arise: ids are assigned at insert, so a job waits only on jobs that
 earlier jobs of its own batch, "$N" with N below its position), and nothing changes a job's dependencies
 after its insert (a retry keeps them). A job naming itself can only name an id not yet made: unknown, a 422.
 """
-from sqlalchemy import and_, bindparam, delete, exists, insert, literal_column, or_, select, union_all, update
+import functools
+
+from sqlalchemy import (
+    CompoundSelect,
+    and_,
+    delete,
+    exists,
+    insert,
+    literal_column,
+    or_,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.sql.elements import BindParameter, ColumnElement
+from sqlalchemy.sql.elements import ColumnElement
 
 from trainyard.app.accounts import Principal
 from trainyard.app.core.errors import Invalid, NotFound
 from trainyard.app.core.states import ErrorRecord, Failure, JobState, SweepState, error_record
-from trainyard.app.db import job_deps, job_sweeps, jobs, read, sweeps
+from trainyard.app.db import ids_in, job_deps, job_sweeps, jobs, read, sweeps
 from trainyard.app.records import sweep_reads, sweep_results
 from trainyard.app.spec import PredictJob, RunJob, TrainJob
 
@@ -111,23 +124,27 @@ def unmet_on(conn: Connection, job_ids: list[int]) -> dict[int, list[str]]:
     """unmet's answer on the caller's connection (a list page reads it with its rows): one statement, built once
     (an alias of jobs built per call, its forty columns' proxies, was most of a list page's waiting_for)."""
     found: dict[int, list[str]] = {}
-    for job_id, kind, ref, state in conn.execute(_UNMET, {"ids": list(job_ids)}):
+    for job_id, kind, ref, state in conn.execute(_unmet(conn.dialect.name), {"ids": list(job_ids)}):
         found.setdefault(job_id, []).append(f"job {ref} ({state or 'deleted'})" if kind == 0
                                             else f"sweep {ref}'s best trial ({state or 'deleted'})")
     return found
 
 
 _parent = jobs.alias("parent")
-_ids: BindParameter[list[int]] = bindparam("ids", expanding=True)
-# The jobs each job waits on that have not succeeded (kind 0), then the sweeps whose best it waits for (kind 1).
-_UNMET = union_all(
-    select(job_deps.c.job_id, literal_column("0").label("kind"), job_deps.c.after_id.label("ref"), _parent.c.state)
-    .select_from(job_deps.outerjoin(_parent, _parent.c.id == job_deps.c.after_id))
-    .where(job_deps.c.job_id.in_(_ids), or_(_parent.c.state.is_(None), _parent.c.state != SUCCEEDED)),
-    select(job_sweeps.c.job_id, literal_column("1"), job_sweeps.c.sweep_id, sweeps.c.state)
-    .select_from(job_sweeps.outerjoin(sweeps, sweeps.c.id == job_sweeps.c.sweep_id))
-    .where(job_sweeps.c.job_id.in_(_ids)),
-).order_by("job_id", "kind", "ref")
+
+
+@functools.cache
+def _unmet(dialect: str) -> CompoundSelect:
+    """The jobs each job waits on that have not succeeded (kind 0), then the sweeps whose best it waits for (kind 1)."""
+    return union_all(
+        select(job_deps.c.job_id, literal_column("0").label("kind"), job_deps.c.after_id.label("ref"),
+               _parent.c.state)
+        .select_from(job_deps.outerjoin(_parent, _parent.c.id == job_deps.c.after_id))
+        .where(ids_in(job_deps.c.job_id, dialect), or_(_parent.c.state.is_(None), _parent.c.state != SUCCEEDED)),
+        select(job_sweeps.c.job_id, literal_column("1"), job_sweeps.c.sweep_id, sweeps.c.state)
+        .select_from(job_sweeps.outerjoin(sweeps, sweeps.c.id == job_sweeps.c.sweep_id))
+        .where(ids_in(job_sweeps.c.job_id, dialect)),
+    ).order_by("job_id", "kind", "ref")
 
 
 def waiting_for(unmet_deps: list[str]) -> str:

@@ -3,10 +3,10 @@ import functools
 import json
 from typing import Any
 
-from sqlalchemy import Select, bindparam, literal_column, select
+from sqlalchemy import Select, literal_column, select
 from sqlalchemy.engine import Connection, Engine
 
-from trainyard.app.db import jobs, read
+from trainyard.app.db import ids_in, jobs, read
 from trainyard.app.records import Job
 
 
@@ -77,7 +77,7 @@ def summaries_on(conn: Connection | None, found: list[Job]) -> dict[int, dict]:
 @functools.cache
 def _statement(dialect: str) -> Select:
     return select(jobs.c.id, jobs.c.kind, jobs.c.created_at, *_summary_columns(dialect)).where(
-        jobs.c.id.in_(bindparam("ids", expanding=True)))
+        ids_in(jobs.c.id, dialect))
 
 
 def _summary_columns(dialect: str) -> list:
