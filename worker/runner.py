@@ -11,6 +11,8 @@ database: it only sends events and the supervisor writes them, fenced by its cla
     {"type": "done", "result": {...}}              the job succeeded (artifact or result in the run dir)
     {"type": "error", "error": {"class", "type", "message", "traceback"}}
     {"type": "preempted"}                          checkpointed after a stop request
+
+On their way, rank 0's events write the job's TensorBoard event files (worker/event_files.py).
 """
 import io
 import os
@@ -30,7 +32,7 @@ from trainyard.app.core.errors import Unavailable
 from trainyard.app.core.layout import Layout
 from trainyard.app.core.states import DEVICE_FAILURE, ErrorRecord, Failure, error_record
 from trainyard.app.spec import PredictJob, RunJob, TrainJob, parse_spec
-from trainyard.worker import broken_links, distributed, entrypoints, infer, torch_devices, train
+from trainyard.worker import broken_links, distributed, entrypoints, event_files, infer, torch_devices, train
 from trainyard.worker.errors import JobError, Preempted, RendezvousFailed
 from trainyard.worker.job_context import JobContext
 from trainyard.worker.supervisor import memory, reaper
@@ -90,6 +92,7 @@ def execute(plan: JobPlan, emit: Callable[[dict], None], own_process: bool = Fal
             if not own_process:
                 raise RuntimeError("a job on several devices forks its ranks: run it in a process of its own")
             where.world, emit = distributed.fork_ranks(len(plan.ranks), emit, plan.local_ranks)
+        emit = event_files.through(emit, spec, plan, store, where.world.rank)  # rank 0's TensorBoard event files
         device = _take_device(plan, where, own_process)
         # A run job's data_dir is a directory of its own, not the service's (where the database is).
         data_dir = plan.scratch_dir if spec.kind == "run" and plan.scratch_dir else plan.data_dir

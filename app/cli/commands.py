@@ -1,8 +1,8 @@
 """Client commands, which talk to the API: their common options (--json, --url, --token) and their parsers,
 each group in its own module: job_commands.py (submit, jobs, status, watch, logs, result, metrics, cancel,
 retry, download, upload), fleet_commands.py (devices, workers, drain, undrain), sweep_commands.py (sweep, sweeps,
-sweep-status, sweep-watch, sweep-cancel), storage_commands.py (storage, storage collect), admin_commands.py
-(users, projects, audit, whoami)."""
+sweep-status, sweep-watch, sweep-cancel), storage_commands.py (storage, storage collect), tensorboard_commands.py
+(tensorboard), admin_commands.py (users, projects, audit, whoami)."""
 import argparse
 from typing import Any
 
@@ -12,6 +12,7 @@ from trainyard.app.cli.fleet_commands import add_fleet_commands
 from trainyard.app.cli.job_commands import add_job_commands
 from trainyard.app.cli.storage_commands import add_storage_commands
 from trainyard.app.cli.sweep_commands import add_sweep_commands
+from trainyard.app.cli.tensorboard_commands import add_tensorboard_commands
 
 
 def client_options(parser: argparse.ArgumentParser, nested: bool = False) -> None:
@@ -33,6 +34,7 @@ def add_commands(sub) -> None:
         sp.set_defaults(fn=lambda args: run(fn, args))
         return sp
 
-    for add_group in (add_job_commands, add_fleet_commands, add_sweep_commands, add_storage_commands):
+    for add_group in (add_job_commands, add_fleet_commands, add_sweep_commands, add_storage_commands,
+                      add_tensorboard_commands):
         add_group(add)
     add_admin_commands(add, lambda parser: client_options(parser, nested=True))

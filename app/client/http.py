@@ -1,7 +1,11 @@
-"""The client's one HTTP layer: requests and their errors (APIError), Server-Sent Events, streamed downloads,
-and polling until a run ends. The resource namespaces (app/client/resources.py) speak only through it."""
+"""The client's one HTTP layer: requests and their errors (APIError), Server-Sent Events, streamed downloads (an
+archive's unpacked), and polling until a run ends. The resource namespaces (app/client/resources.py) speak only
+through it."""
 import json
 import os
+import shutil
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -83,6 +87,29 @@ class Http:
             raise
         os.replace(tmp, out)
         return out
+
+
+def unpack(archive: Path, dest: Path, folder: str) -> Path:
+    """Unpack the .tar.gz at archive (members under `folder`/) into dest/folder, replacing what was there, and
+    delete the archive: dest/folder. Members that would land outside dest, links and devices are refused
+    (tarfile's "data" filter)."""
+    try:
+        with tempfile.TemporaryDirectory(dir=dest, prefix=f".{folder}-") as tmp:
+            with tarfile.open(archive) as tar:
+                if hasattr(tarfile, "data_filter"):
+                    tar.extractall(tmp, filter="data")
+                else:  # Python 3.11 before 3.11.4: the same refusals, by hand
+                    for m in tar.getmembers():
+                        if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in Path(m.name).parts:
+                            raise ValueError(f"{archive.name}: {m.name!r} is a link or leaves {dest}: refused")
+                    tar.extractall(tmp)  # every member checked above
+            unpacked, target = Path(tmp) / folder, dest / folder
+            unpacked.mkdir(exist_ok=True)
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(unpacked, target)
+    finally:
+        archive.unlink(missing_ok=True)
+    return target
 
 
 def check(r: httpx.Response) -> None:

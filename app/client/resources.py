@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import httpx
 
-from trainyard.app.client.http import Http, until_ended
+from trainyard.app.client.http import Http, unpack, until_ended
 from trainyard.app.client.models import (
     Collection,
     Dataset,
@@ -146,6 +146,14 @@ class Jobs(Runs[Job]):
         """Stream the job's artifact (format: safetensors, pt, meta, onnx, pt2, torchscript) to path, written
         whole or not at all."""
         return self._http.download(f"{self.path}/{id}/artifact", Path(path), {"format": format})
+
+    def tensorboard(self, id: int, dest: str | Path) -> Path:
+        """Download the job's TensorBoard event files into dest/<id>/ (replacing an earlier download's): that folder.
+        With several jobs' in one dest, `tensorboard --logdir dest` shows a run per job. APIError 404: none."""
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        archive = self._http.download(f"{self.path}/{id}/tensorboard", dest / f".job-{id}-tensorboard.tar.gz", {})
+        return unpack(archive, dest, str(id))
 
 
 class Sweeps(Runs[Sweep]):

@@ -4,6 +4,7 @@
                                    model.onnx, model.pt2, model.torchscript.pt (exports, made on first request)
     checkpoints/<job>/run-<claim>-e<epoch>-s<step>.pt
     logs/<job>.log                 what a job printed, all its runs (capped: worker/supervisor/joblog.py)
+    tensorboard/<job>/             a train or run job's TensorBoard event files, a file per run (worker/event_files.py)
     scratch/<job>/run-<claim>/     a run job's ctx.data_dir, removed when the run ends
     datasets/uploads/<id>/         data.npz, meta.json
     datasets/cache/                decoded built-in datasets and FakeData (evicted least recently used)
@@ -63,6 +64,10 @@ class Layout:
 
     def checkpoints(self, job_id: int) -> Path:
         return self.root / "checkpoints" / str(job_id)
+
+    def tensorboard(self, job_id: int) -> Path:
+        """A job's TensorBoard event files, every run's (`tensorboard --logdir <root>/tensorboard`: a run per job)."""
+        return self.root / "tensorboard" / str(job_id)
 
     @property
     def housekeeping_lock(self) -> Path:

@@ -10,6 +10,8 @@ does, or the key belongs to a run still going. Referenced are:
     checkpoints/<id>/run-<claim>-*), written before the database names it, and the checkpoint it resumes from;
   - any job's checkpoint_path and artifact_path (the run dir of the run that succeeded, with the exports made of
     it, each until export_ttl_s after it was made);
+  - a job's TensorBoard event files (tensorboard/<id>/) while its log is kept (below), or while it has an
+    artifact_path or a checkpoint_path (they go with its model, or the checkpoint a retry would resume from);
   - a job's log (logs/<id>.log) unless it ended more than log_ttl_s ago (pinned jobs keep theirs) or had its
     files reclaimed;
   - an uploaded dataset whose meta.json is there (a dataset appears once its meta.json does).
@@ -40,8 +42,10 @@ from trainyard.app.lifecycle.references import ACTIVE
 
 log = logging.getLogger("trainyard.collector")
 KINDS = ("artifacts", "checkpoints", "exports", "logs", "uploads", "cache")
-# The store's folders (app/core/layout.py) and the kind of what each holds (exports sit among artifacts).
-FOLDERS = {"artifacts": "artifacts", "checkpoints": "checkpoints", "logs": "logs", "datasets/uploads": "uploads"}
+# The store's folders (app/core/layout.py) and the kind of what each holds (exports sit among artifacts; a job's
+# TensorBoard event files count as artifacts too: they are kept as long as its model).
+FOLDERS = {"artifacts": "artifacts", "checkpoints": "checkpoints", "logs": "logs", "datasets/uploads": "uploads",
+           "tensorboard": "artifacts"}
 _EXPORT_NAMES = tuple(EXPORT_FILES.values())
 
 
@@ -123,8 +127,13 @@ def referenced(engine: Engine, settings: Settings, listing: list[Entry], now: fl
         if row.artifact_path:
             refs.dirs.add(row.artifact_path.rstrip("/"))
         old = row.finished_at is not None and rules.log_ttl_s and row.finished_at < now - rules.log_ttl_s
-        if row.state in ACTIVE or (row.reclaimed is None and (row.pinned or not old)):
+        kept_log = row.state in ACTIVE or (row.reclaimed is None and (row.pinned or not old))
+        if kept_log:
             refs.keys.add(layout.rel(layout.log(row.id)))
+        # The event files are the run's record, as its log is (a failed job's curves say why), and stay with its
+        # model or the checkpoint a retry resumes from when those outlive the log.
+        if kept_log or row.artifact_path or row.checkpoint_path:
+            refs.dirs.add(layout.rel(layout.tensorboard(row.id)))
     for entry in listing:
         folder, name = name_of(entry.key)
         if kind_of(entry.key) == "uploads" and name == UPLOAD_META_FILE:

@@ -4,8 +4,8 @@ A job's rows are its jobs row, its metrics and its job_deps rows (those go by th
 other jobs naming it as after_id stay, as app/fleet/dependencies.py wants). Nothing else keeps a row per job: a worker's
 row names its current job only while it runs it, and the Prometheus counters never go down, so they stay. Its objects
 are every key under its folders of the data directory's layout (app/core/layout.py): artifacts/<id>/ (each run's
-model or result, and the exports made of it), checkpoints/<id>/, logs/<id>.log and scratch/<id>/, in the
-store (the data directory, or the bucket and this host's cache of it: app/core/storage.py).
+model or result, and the exports made of it), checkpoints/<id>/, logs/<id>.log, scratch/<id>/ and tensorboard/<id>/
+(its event files), in the store (the data directory, or the bucket and this host's cache of it: app/core/storage.py).
 
 A delete is one transaction: the reference checks (app/lifecycle/references.py) and the guarded DELETE (not queued or
 running, not pinned) see the same rows, so a job claimed, retried or pinned meanwhile is refused, not deleted.
@@ -119,7 +119,8 @@ def delete_objects(store: Store, job_ids: list[int]) -> None:
     not an error: the jobs are gone either way, and a retried DELETE would only answer 404."""
     layout = store.layout
     for job_id in job_ids:
-        folders = (layout.run_dir(job_id, 0).parent, layout.checkpoints(job_id), layout.scratch(job_id))
+        folders = (layout.run_dir(job_id, 0).parent, layout.checkpoints(job_id), layout.scratch(job_id),
+                   layout.tensorboard(job_id))
         try:
             for folder in folders:
                 store.delete_prefix(layout.rel(folder))

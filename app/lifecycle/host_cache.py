@@ -1,12 +1,12 @@
 """This host's caches, measured and held to their caps: with a bucket store, the data directory's copies
-of bucket objects (artifacts, checkpoints, logs, uploads) are a cache, the least recently used evicted
-past TRAINYARD_CACHE_BYTES; the decoded datasets under datasets/cache/ are one on every host (evicted by
+of bucket objects (artifacts, checkpoints, logs, uploads, event files) are a cache, the least recently used
+evicted past TRAINYARD_CACHE_BYTES; the decoded datasets under datasets/cache/ are one on every host (evicted by
 worker/dataset_cache.py, only measured here).
 
 A copy's mtime is its last use: S3Store.fetch touches a copy it finds here. Evicting deletes the local
 file only; the bucket's object stays, and the next fetch downloads it again. Spared: files younger than
 the grace (written and not yet published, or just fetched for a job), hidden files (atomic writes'
-temporaries, lock files) and anything outside the four folders. With the data directory as the store,
+temporaries, lock files) and anything outside those folders. With the data directory as the store,
 the files ARE the store, so nothing is evicted. Torch-free: the API's collector and the worker use it.
 """
 import os
@@ -19,7 +19,7 @@ from typing import NamedTuple
 from trainyard.app.core.layout import locked
 from trainyard.app.core.storage import Store
 
-COPY_FOLDERS = ("artifacts", "checkpoints", "logs", "datasets/uploads")
+COPY_FOLDERS = ("artifacts", "checkpoints", "logs", "datasets/uploads", "tensorboard")
 DATASET_CACHE = "datasets/cache"
 
 

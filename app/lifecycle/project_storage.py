@@ -4,11 +4,11 @@ and records the totals (project_usage); the stored_bytes limit (app/accounts/quo
 member's
 GET /storage read them.
 
-A job's objects (artifacts/<id>/..., its exports among them, checkpoints/<id>/..., logs/<id>.log) are its
-project's; an uploaded dataset's (datasets/uploads/<id>/...) are the project its meta.json names. Objects of no
-project (jobs and uploads of an admin acting in none, or from before accounts) count for none, and so do those
-no row names any more (a deleted job's, left until the collector's grace has passed). A project storing nothing
-has no row. Torch-free.
+A job's objects (artifacts/<id>/..., its exports among them, checkpoints/<id>/..., logs/<id>.log,
+tensorboard/<id>/...) are its project's; an uploaded dataset's (datasets/uploads/<id>/...) are the project its
+meta.json names. Objects of no project (jobs and uploads of an admin acting in none, or from before accounts)
+count for none, and so do those no row names any more (a deleted job's, left until the collector's grace has
+passed). A project storing nothing has no row. Torch-free.
 """
 import re
 import time
@@ -23,7 +23,7 @@ from trainyard.app.core.storage import Entry, Store
 from trainyard.app.db import project_usage, read
 
 # The job id a key of each job folder belongs to, and the upload id of an upload's key.
-_JOB_KEY = re.compile(r"(?:artifacts|checkpoints)/(\d+)/|logs/\.?(\d+)\.log")
+_JOB_KEY = re.compile(r"(?:artifacts|checkpoints|tensorboard)/(\d+)/|logs/\.?(\d+)\.log")
 _UPLOAD_KEY = re.compile(r"datasets/uploads/([a-z0-9]{1,64})/")
 
 

@@ -35,9 +35,9 @@ live = live_service(env=RULES)
 
 def listing(data: Path) -> dict[str, dict[str, int]]:
     """The data directory's files by kind, read here: exports are the artifacts folder's exported models, the
-    cache the decoded datasets (never hidden files)."""
+    cache the decoded datasets (never hidden files); jobs' TensorBoard event files count as artifacts."""
     found = {kind: {"bytes": 0, "objects": 0} for kind in KINDS}
-    for kind, folder in FOLDERS.items():
+    for kind, folder in [*FOLDERS.items(), ("artifacts", "tensorboard")]:
         for path in (data / folder).rglob("*"):
             if not path.is_file() or (kind == "cache" and path.name.startswith(".")):
                 continue

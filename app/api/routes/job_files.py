@@ -1,5 +1,6 @@
-"""Routes for what a job has stored: its metrics, result, artifact (the model, its meta, its exports) and log, each
-served to a principal that may see the job (another project's answers 404, as a missing job does)."""
+"""Routes for what a job has stored: its metrics, result, artifact (the model, its meta, its exports), log and
+TensorBoard event files, each served to a principal that may see the job (another project's answers 404, as a missing
+job does)."""
 import asyncio
 import itertools
 from typing import Annotated, Literal
@@ -17,13 +18,14 @@ from trainyard.app.core import storage
 from trainyard.app.core.errors import Conflict, Gone, NotFound
 from trainyard.app.core.layout import ARTIFACT_FILES, EXPORT_FILES, RESULT_FILE
 from trainyard.app.core.states import JobState
-from trainyard.app.jobs import exports
+from trainyard.app.jobs import event_archive, exports
 from trainyard.app.records import job_reads, visibility
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 EVENTS_POLL_S = 0.25  # how often an export's wait checks that its client is still there
 METRIC_BLANKS = {name: None for name in MetricPublic.model_fields if name not in ("epoch", "attempt")}
 MAX_EPOCH = 2**31 - 1  # the epoch column's integer
+BINARY = {"type": "string", "format": "binary"}
 
 
 @router.get("/{job_id}/metrics", response_model=list[MetricPublic], operation_id="job_metrics",
@@ -110,6 +112,24 @@ def _stored(store: storage.Store, key: str, media_type: str, filename: str | Non
     if filename:
         headers["Content-Disposition"] = f'attachment; filename="{filename}"'
     return StreamingResponse(store.stream(key), media_type=media_type, headers=headers)
+
+
+@router.get("/{job_id}/tensorboard", response_class=StreamingResponse, operation_id="job_tensorboard",
+            responses={200: {"content": {"application/octet-stream": {"schema": BINARY}},
+                             "description": "a .tar.gz of <job_id>/<event file>, every run's"},
+                       **responses(not_found="no such job, or one without event files")})
+def job_tensorboard(job_id: JobId, engine: EngineDep, settings: SettingsDep, who: WhoDep) -> Response:
+    """The job's TensorBoard event files (a train job's, or a run job's that reported epochs: its metrics per
+    epoch, hyperparameters and final metrics) as a .tar.gz, packed from storage as it streams: unpack archives
+    into one folder and run `tensorboard --logdir` on it (`trainyard tensorboard` does both)."""
+    visibility.job_for(engine, who, job_id)
+    entries = event_archive.event_files(settings.store, job_id)
+    if not entries:
+        raise NotFound(f"job {job_id} has no TensorBoard event files (a train or run job writes them from its "
+                       "first epoch; they go with its model)")
+    return StreamingResponse(event_archive.archive(settings.store, job_id, entries),
+                             media_type="application/octet-stream",  # generated clients take it as bytes
+                             headers={"Content-Disposition": f'attachment; filename="job-{job_id}-tensorboard.tar.gz"'})
 
 
 LOG_SIZE, LOG_START = "X-Log-Size", "X-Log-Start"
