@@ -64,7 +64,7 @@ class Client:
     - client.jobs: submit(spec, idempotency_key=), get(id), list(state=, kind=, sweep=, include=, limit=,
       offset=), cancel(id), retry(id), delete(id), pin(id), unpin(id), wait(id, timeout=), events(id,
       last_event_id=), metrics(id, since=), logs(id, tail=), read_log(id, offset=, tail=), result(id),
-      download(id, path, format=), submit_many(specs)
+      download(id, path, format=), tensorboard(id, dest), submit_many(specs)
     - client.sweeps: submit(spec), get(id), list(state=, limit=, offset=), cancel(id), delete(id, keep=),
       wait(id, timeout=), events(id, last_event_id=), trials(id), curves(id, since=, limit=)
     - client.datasets: upload(path, label_column=), get(id), list(), delete(id)
