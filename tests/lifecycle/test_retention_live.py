@@ -89,10 +89,11 @@ class Yard:
             return conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
 
     def files_of(self, job_id: int) -> set[str]:
-        """The keys the rows reference for an ended job: its artifact's files and its log."""
+        """The keys the rows reference for an ended job: its artifact's files, its log and its TensorBoard event
+        files (every run's)."""
         artifact = self.row(job_id).artifact_path
-        return {k for k in self.stored() if artifact and k.startswith(artifact.rstrip("/") + "/")} | \
-            {f"logs/{job_id}.log"}
+        return {k for k in self.stored() if artifact and k.startswith(artifact.rstrip("/") + "/")
+                or k.startswith(f"tensorboard/{job_id}/")} | {f"logs/{job_id}.log"}
 
 
 @contextmanager
