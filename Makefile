@@ -66,9 +66,12 @@ $(BIN)/.installed: $(BIN)/.installed-run $(OTHER_PYTHONS_STAMP) $(FLOOR_STAMP)
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-# The browser tests drive Debian's chromium (Playwright's own browser download is not used).
+# The browser tests drive Debian's chromium (Playwright's own browser download is not used); the Slurm tests start a
+# real cluster of Debian's slurm-wlm and munge (tests/helpers/slurm.py: installing them starts no daemon).
 setup: $(BIN)/.installed
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+	command -v slurmctld >/dev/null && command -v munged >/dev/null || \
+	  (apt-get update -qq && apt-get install -y -qq slurm-wlm munge >/dev/null)
 
 run: $(BIN)/.installed-run
 	$(BIN)/trainyard up

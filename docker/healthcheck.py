@@ -1,6 +1,6 @@
 """Container health check for both roles of the trainyard image; also the entrypoint's wait-for-API.
 
-    healthcheck.py [auto|api|worker] [--url URL] [--wait SECONDS]
+    healthcheck.py [auto|api|worker] [--url URL] [--wait SECONDS] [--liveness]
 
 api     GET <url>/healthz answers 200 (url defaults to http://127.0.0.1:$TRAINYARD_PORT, port 8000).
         /healthz needs no token even when TRAINYARD_API_TOKEN is set, and it touches the database.
@@ -15,6 +15,9 @@ auto    worker if that pid file exists (the entrypoint writes it for the worker 
         removes it for the others), else api: this is what lets the image's one HEALTHCHECK
         serve both roles.
 
+--liveness  for a worker: alive and not hung, `unavailable` or not (Kubernetes' liveness probe: a restart
+        would forget that a device failed under a job and hand it the next one; the readiness probe, without
+        the flag, takes such a pod out of service and kubectl shows it not ready, with why in /workers).
 --wait  keep trying for up to SECONDS (the entrypoint uses it so a worker starts after the API has
         created the schema). Exit status 0 = healthy, 1 = not, saying which worker and why.
 Standard library only: it runs every few seconds and must start fast.
@@ -39,8 +42,9 @@ def api_problem(url: str) -> str | None:
         return f"the API at {url} is not healthy: {exc}"
 
 
-def workers_problem(pidfile: Path, status_dir: Path, now: float | None = None) -> str | None:
-    """Why the workers the pid file names are not healthy (the first found), or None when they are."""
+def workers_problem(pidfile: Path, status_dir: Path, now: float | None = None, liveness: bool = False) -> str | None:
+    """Why the workers the pid file names are not healthy (the first found), or None when they are; liveness:
+    an unavailable worker passes (it is alive, and says why it takes no job)."""
     try:
         pids = [int(p) for p in pidfile.read_text().split()]
     except (OSError, ValueError) as exc:
@@ -48,7 +52,8 @@ def workers_problem(pidfile: Path, status_dir: Path, now: float | None = None) -
     if not pids:
         return f"no worker pids in {pidfile}"
     for pid in pids:
-        problem = process_problem(pid) or status_problem(pid, status_dir, time.time() if now is None else now)
+        problem = process_problem(pid) or status_problem(pid, status_dir, time.time() if now is None else now,
+                                                         liveness)
         if problem:
             return f"worker pid {pid} {problem}"
     return None
@@ -65,7 +70,7 @@ def process_problem(pid: int) -> str | None:
     return None
 
 
-def status_problem(pid: int, status_dir: Path, now: float) -> str | None:
+def status_problem(pid: int, status_dir: Path, now: float, liveness: bool = False) -> str | None:
     """What the worker's own status file (worker/supervisor/status_file.py) says is wrong with it."""
     path = status_dir / f"{pid}.json"
     try:
@@ -77,7 +82,7 @@ def status_problem(pid: int, status_dir: Path, now: float) -> str | None:
         return f"has an unreadable status file {path}: {exc!r}"
     if status.get("pid") != pid:
         return f"has a status file {path} written by pid {status.get('pid')}"
-    if status.get("state") == "unavailable" or status.get("unavailable"):
+    if not liveness and (status.get("state") == "unavailable" or status.get("unavailable")):
         return f"is unavailable, it takes no job: {status.get('unavailable') or 'no reason given'}"
     age = now - at
     if not -bound <= age <= bound:  # far in the future too: a clock set back, or a file of another boot
@@ -91,11 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("role", nargs="?", choices=["auto", "api", "worker"], default="auto")
     p.add_argument("--url", default=f"http://127.0.0.1:{os.environ.get('TRAINYARD_PORT') or 8000}")
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS")
+    p.add_argument("--liveness", action="store_true", help="a worker: alive and not hung, unavailable or not")
     args = p.parse_args(argv)
     role = args.role
     if role == "auto":
         role = "worker" if Path(PIDFILE).exists() else "api"
-    check = (lambda: workers_problem(Path(PIDFILE), Path(STATUS_DIR))) if role == "worker" \
+    check = (lambda: workers_problem(Path(PIDFILE), Path(STATUS_DIR), liveness=args.liveness)) if role == "worker" \
         else (lambda: api_problem(args.url))
     deadline = time.monotonic() + args.wait
     while True:

@@ -94,6 +94,10 @@ class JobSummary(BaseModel):
     checkpoint_epoch: int | None
     parameters: int | None = Field(None, description="the model's parameter count (train jobs), counted at submit")
     error: SerializeAsAny[JobErrorPublic] | None = Field(description="the latest error, without its traceback")
+    runs_on: str | None = Field(None, description="\"slurm\": it runs in a Slurm allocation of its own; null: on "
+                                "trainyard's own workers")
+    slurm: dict[str, Any] | None = Field(None, description="a job on Slurm: its latest allocation as last seen: "
+                                         "{id, partition, nodes, state, reason}")
     waiting_for: str | None = Field(None, description="a queued job no live worker can take: why (no worker for "
                                                       "its device, plugin or GPU memory); null while it only waits "
                                                       "its turn")
@@ -132,7 +136,7 @@ def job_fields(job: Job, waiting_for: str | None, include: tuple[str, ...] = HEA
         latest_metrics=job.latest_metrics, peak_memory_allocated=job.peak_memory_allocated,
         peak_memory_reserved=job.peak_memory_reserved, checkpoint_epoch=job.checkpoint_epoch,
         parameters=job.parameters, error=error, waiting_for=waiting_for, sweep=job.sweep, pinned=job.pinned,
-        reclaimed=job.reclaimed, owner=job.owner, project_id=job.project_id,
+        reclaimed=job.reclaimed, owner=job.owner, project_id=job.project_id, runs_on=job.runs_on, slurm=job.slurm,
         summary=summary if summary is not None or job.spec is None else spec_summary(job.kind, job.spec))
     if "spec" in include:
         out["spec"] = job.spec
@@ -154,6 +158,10 @@ class JobPublic(JobSummary):
     errors: list[SerializeAsAny[JobErrorPublic]] = Field(description="every error of every attempt, oldest first")
     result: SerializeAsAny[JobResult] | None = Field(description="summary of the result; GET /jobs/{id}/result has "
                                                                  "all of it")
+    tracking: dict[str, Any] | None = Field(None, description="GET /jobs/{id} only, where the service tracks: "
+                                            "{mlflow: {run_id, experiment_id, url (the run's page), complete (the "
+                                            "tracker holds all the job's records), status, error (the tracker's last "
+                                            "error, sent again later), earlier_runs (before a retry), model_version}}")
 
     @classmethod
     def from_job(cls, job: Job, waiting_for: str | None = None) -> "JobPublic":

@@ -51,8 +51,9 @@ class Gpu(BaseModel):
 class Cpu(BaseModel):
     model_config = OPEN
     cores: int | None = None
-    memory_total: int | None = None
-    memory_available: int | None = None
+    memory_total: int | None = Field(None, description="bytes: the host's, or its container's limit where lower")
+    memory_available: int | None = Field(None, description="bytes a new process could still take: the host's "
+                                         "MemAvailable, or what the container's limit leaves where less")
     workers: list[DeviceWorker] = []
 
 

@@ -12,7 +12,7 @@ from typing import NoReturn
 from pydantic import ValidationError
 
 from trainyard.app import __version__
-from trainyard.app.cli import commands, gpu_check, launch
+from trainyard.app.cli import commands, gpu_check, launch, slurm_commands
 from trainyard.app.cli.output import fail
 
 
@@ -32,6 +32,7 @@ def build_parser(json_errors: bool = False) -> argparse.ArgumentParser:
     launch.add_commands(sub)
     commands.add_commands(sub)
     gpu_check.add_commands(sub)
+    slurm_commands.add_commands(sub)
     return p
 
 

@@ -23,6 +23,8 @@ def add_commands(sub) -> None:
     w.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     w.add_argument("--burst", action="store_true", help="exit when the queue is empty")
     w.add_argument("--max-jobs", type=int, help="exit after running this many jobs")
+    w.add_argument("--for-job", type=int, metavar="ID", help="an allocation's worker (trainyard slurm-agent starts "
+                   "it): take this job alone, and exit once it ends")
     w.set_defaults(fn=cmd_worker)
     u = sub.add_parser("up", help="run the server and one worker per GPU (or a CPU worker)")
     _listen_options(u)
@@ -87,7 +89,11 @@ def cmd_worker(args) -> int:
                          "pip install 'trainyard[worker]' (or keep this host's own torch >= 2.9 and add "
                          "torchvision and safetensors)") from None
     from trainyard.worker.supervisor.main import main as worker_main
-    return worker_main(get_settings(), args.device, burst=args.burst, max_jobs=args.max_jobs)
+    settings, device = get_settings(), args.device
+    if args.for_job is not None:  # inside a Slurm allocation: the node's name and address, the task's device
+        from trainyard.app.clusters import slurm
+        settings, device = slurm.in_allocation(settings, device)
+    return worker_main(settings, device, burst=args.burst, max_jobs=args.max_jobs, for_job=args.for_job)
 
 
 def cmd_db(args) -> int:

@@ -4,7 +4,7 @@ import socket
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainyard.app.core import operator_token, storage
@@ -122,6 +122,31 @@ class Settings(BaseSettings):
     # Fair share between projects (app/fleet/fair_share.py): a run's device time counts half after this long.
     fair_share_half_life_s: float = Field(4 * 3600.0, gt=0)
 
+    # Slurm (docs/scaling-out.md, "Slurm"): `trainyard slurm-agent` asks Slurm for one allocation per job that runs
+    # there and starts the job's workers inside it. A partition set means Slurm is configured: a job may ask for
+    # it (`runs_on: "slurm"`), and with slurm_default every job goes there unless its spec says "workers". Names
+    # are checked as Slurm names (app/spec/slurm.py); sbatch_options are the operator's own, given to sbatch as
+    # separate arguments (each "--option[=value]"), never through a shell; per project (by name, JSON): partition,
+    # account, qos, time_limit_min over the service's.
+    slurm_partition: str | None = Field(None, max_length=64)
+    slurm_account: str | None = Field(None, max_length=64)
+    slurm_qos: str | None = Field(None, max_length=64)
+    slurm_time_limit_min: int | None = Field(None, ge=1, le=525_600)
+    slurm_sbatch_options: str = Field("", max_length=2000)
+    slurm_projects: dict[str, dict[str, str | int]] = Field(default_factory=dict)
+    slurm_default: bool = False
+    # Partitions a job may name beside the service's (comma-separated); a job's own account and qos need this on.
+    slurm_job_partitions: str = Field("", max_length=2000)
+    slurm_job_accounts: bool = False
+    # What each rank asks of its node (one task per device; --cpus-per-task, --mem-per-cpu's product as --mem).
+    slurm_cpus_per_rank: int = Field(1, ge=1, le=1024)
+    slurm_mem_mb_per_rank: int | None = Field(None, ge=1, le=1 << 24)
+    # The agent's look at the queue and at squeue; allocations that end before their job starts, before the job
+    # fails; the database URL the nodes reach (default: database_url, as the agent's host reaches it).
+    slurm_poll_s: float = Field(2.0, gt=0, le=600)
+    slurm_max_asks: int = Field(3, ge=1, le=100)
+    slurm_database_url: str = ""
+
     # The name this machine goes by in /devices, /workers and /metrics (default: its hostname). In a
     # container the hostname is the container's: set it to the machine's name, the same for the API
     # and the workers of one machine, so that their GPUs are seen as one host's.
@@ -134,6 +159,21 @@ class Settings(BaseSettings):
     # Where each worker writes its state at every heartbeat for the container's health check
     # (worker/supervisor/status_file.py, docker/healthcheck.py); the image's entrypoint sets it. None: not written.
     worker_status_dir: Path | None = None
+
+    # MLflow (docs/observing.md, "MLflow"): with a tracking URI, every train, run and evaluation job is an MLflow
+    # run, sent by the server from the job's records (app/tracking/), never by the job: a slow or absent tracker
+    # never slows or fails a job. The experiment a job's run goes to, unless its spec names one ({project}: the
+    # job's project, "default" for the admin's jobs). The credentials are the tracker's (MLflow's basic auth or a
+    # bearer token): kept here, never in a job's spec, record or log.
+    mlflow_tracking_uri: str = Field("", max_length=2000)
+    mlflow_experiment: str = Field("trainyard-{project}", min_length=1, max_length=200)
+    mlflow_username: str | None = None
+    mlflow_password: SecretStr | None = None
+    mlflow_token: SecretStr | None = None
+    # One call to the tracker gives up after this long, and the server sends again later (backing off to
+    # mlflow_retry_max_s while the tracker keeps failing).
+    mlflow_timeout_s: float = Field(10.0, gt=0, le=600)
+    mlflow_retry_max_s: float = Field(60.0, gt=0, le=3600)
 
     @field_validator("storage_url")
     @classmethod

@@ -38,6 +38,7 @@ from trainyard.app.db.tables import (  # noqa: F401 (re-exported: the tables are
     users,
     workers,
 )
+from trainyard.app.db.tracking_tables import tracked_runs  # noqa: F401 (re-exported)
 
 
 class db_now(FunctionElement):

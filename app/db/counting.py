@@ -38,6 +38,8 @@ DURATION_SUM = DURATION + "_sum"                # {kind, state}
 COLLECTED = "trainyard_storage_deleted_objects_total"  # {kind}: unreferenced objects the collector removed
 COLLECTED_BYTES = "trainyard_storage_deleted_bytes_total"  # {kind}
 COLLECTIONS = "trainyard_storage_collections_total"  # the collector's passes
+TRACKER_ERRORS = "trainyard_tracking_errors_total"  # {tracker}: sends to an experiment tracker that failed
+TRACKER_SENDS = "trainyard_tracking_sends_total"  # {tracker}: runs brought up to date in a tracker
 
 # The columns `ended` reads of the updated row (UPDATE .. RETURNING).
 ENDED = (jobs.c.kind, jobs.c.state, jobs.c.error, jobs.c.started_at, jobs.c.finished_at)
@@ -105,6 +107,11 @@ def collected(deleted: list[tuple[str, int]]) -> Tally:
         for name, value in ((COLLECTED, 1.0), (COLLECTED_BYTES, float(size))):
             tally[_key(name, kind=kind)] = tally.get(_key(name, kind=kind), 0.0) + value
     return tally
+
+
+def tracker(ok: bool, count: int = 1, name: str = "mlflow") -> Tally:
+    """Sends of jobs' or sweeps' runs to a tracker (app/tracking/) that worked, or failed."""
+    return {_key(TRACKER_SENDS if ok else TRACKER_ERRORS, tracker=name): count}
 
 
 def add(conn: Connection, *tallies: Tally) -> None:

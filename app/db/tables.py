@@ -83,6 +83,10 @@ jobs = Table(
     Column("owner", String(100)),
     # When the scheduler asked the job's worker to stop it for a job that outranks it (app/fleet/preemption.py).
     Column("preempt_requested_at", Float),
+    # Where it runs: NULL, the own workers; "slurm", its allocation's (app/clusters/). slurm: that allocation as the
+    # agent last saw it ({"id", "partition", "nodes", "state", "reason"}).
+    Column("runs_on", String(16)),
+    Column("slurm", JSON),
     Index("ix_jobs_claim_order", "state", "priority", "id"),
     # Idle workers ask often whether anything fits their device: answer without scanning the queue.
     Index("ix_jobs_queued_device", "state", "device_req"),
@@ -273,4 +277,15 @@ project_usage = Table(
     Column("bytes", BigInteger, nullable=False),
     Column("objects", BigInteger, nullable=False),
     Column("measured_at", Float, nullable=False),
+)
+
+# Each Slurm allocation asked for a job (app/clusters/agent.py): the job's claim it served (NULL: none), how it ended.
+slurm_allocations = Table(
+    "slurm_allocations", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False, index=True),
+    Column("slurm_id", String(64)), Column("partition", String(64)), Column("nodes", String(2000)),
+    Column("state", String(32), nullable=False), Column("reason", String(200)), Column("claim", Integer),
+    Column("asked_at", Float, nullable=False), Column("started_at", Float), Column("ended_at", Float, index=True),
+    Column("outcome", String(500)),
 )

@@ -1,6 +1,7 @@
 """The server's background duties: the lease reaper, the sweeps' driver, the failing of jobs whose
 dependencies will never succeed, the storage collector (app/lifecycle/collector.py) and the preemption pass
-(app/fleet/preemption.py), each a thread of its own.
+(app/fleet/preemption.py) and, where the service tracks, the MLflow sender (app/tracking/), each a thread of its
+own.
 
 The reaper and the driver run in every server process and do their work in one per host, the holder of a file
 lock (settings.layout's housekeeping and sweeps locks); the collector and the preemption pass run in the process
@@ -9,6 +10,7 @@ lock is free and another takes over. `Duties.start` is called when the app start
 down.
 """
 import fcntl
+import importlib.util
 import logging
 import os
 import threading
@@ -22,6 +24,7 @@ from trainyard.app.fleet import preemption
 from trainyard.app.jobs import queue
 from trainyard.app.lifecycle import collector
 from trainyard.app.sweeps import search
+from trainyard.app.tracking import mlflow_runs
 
 log = logging.getLogger("trainyard.api")
 # How often queued jobs are checked for a dependency that failed, was cancelled, pruned or deleted.
@@ -50,6 +53,12 @@ class Duties:
             threading.Thread(target=watch_dependencies, args=(engine, DEPENDENCY_PASS_S, self.stopping),
                              daemon=True, name="dependencies"),
         ]
+        if settings.mlflow_tracking_uri:
+            if importlib.util.find_spec("mlflow") is None:
+                raise RuntimeError("TRAINYARD_MLFLOW_TRACKING_URI is set, but MLflow's client is not installed here: "
+                                   "pip install 'trainyard[mlflow]' (or unset it)")
+            self.threads.append(threading.Thread(target=track, args=(engine, settings, self.stopping, self.housekeeper),
+                                                 daemon=True, name="mlflow"))
 
     def start(self) -> None:
         for thread in self.threads:
@@ -110,6 +119,19 @@ def collect(engine: Engine, settings: Settings, stop: threading.Event, housekeep
                      report.took_s)
         except Exception:
             log.exception("collector")
+
+
+def track(engine: Engine, settings: Settings, stop: threading.Event, housekeeper: threading.Event) -> None:
+    """The MLflow sender's pass every mlflow_runs.PASS_S, in the host's housekeeper process (app/tracking/)."""
+    sender = None
+    while not stop.wait(mlflow_runs.PASS_S):
+        if not housekeeper.is_set():
+            continue
+        try:
+            sender = sender or mlflow_runs.Sender(engine, settings)
+            sender.run_pass()
+        except Exception:
+            log.exception("MLflow sender")
 
 
 def preempt(engine: Engine, settings: Settings, stop: threading.Event, housekeeper: threading.Event) -> None:

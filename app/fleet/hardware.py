@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainyard.app.core import device_names
-from trainyard.app.fleet import nvml
+from trainyard.app.fleet import host_memory, nvml
 from trainyard.app.fleet.gpu_order import bare_uuid, torch_order, visible_indices
 from trainyard.app.fleet.nvml import GPU_FIELDS
 
@@ -43,16 +43,9 @@ def torch_build_info() -> dict[str, Any]:
 
 
 def cpu_info() -> dict[str, Any]:
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    available = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                available = int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    """The cores, and the memory this process's cgroup may use (a container's, not its host's)."""
+    total, available = host_memory.reading()
     return {"cores": os.cpu_count(), "memory_total": total, "memory_available": available}
-
 
 
 def host_reading(device: str, torch_uuids: list[str | None] | None = None) -> dict[str, Any]:

@@ -22,14 +22,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import ColumnElement, Exists, ScalarSelect, and_, exists, false, func, or_, select, true
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from trainyard.app.accounts import project_limits
 from trainyard.app.core import device_names
 from trainyard.app.core.settings import get_settings
 from trainyard.app.core.states import WORKER_UNAVAILABLE as UNAVAILABLE
 from trainyard.app.core.states import JobState
-from trainyard.app.db import db_now, jobs, workers
+from trainyard.app.db import db_now, jobs, read, workers
+from trainyard.app.db.tables import slurm_allocations
 from trainyard.app.fleet import dependencies, fair_share
 from trainyard.app.records import Rank
 
@@ -51,6 +52,12 @@ class Slot:
     # The bytes NVML said were free on this GPU when the worker last looked (before each claim; every process's
     # memory is not, a job's context still being freed and another program's included); None: not read.
     free: int | None = None
+    # A worker an allocation started for one job (`trainyard worker --for-job`, app/clusters/): it takes that job
+    # alone, and lends its device to that job's claim alone; None: a worker of the own fleet, which takes no job
+    # that runs on Slurm.
+    for_job: int | None = None
+    # The Slurm job id of that worker's allocation: once the agent has seen it end, it takes nothing more.
+    allocation: str | None = None
 
 
 def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str | None, slot: Slot | None,
@@ -76,6 +83,10 @@ def eligible(device: str, plugins: dict[str, list[str]] | None, worker_id: str |
         needs.append(jobs.c.need_gpu_memory.is_(None))
     else:
         needs.append(or_(jobs.c.need_gpu_memory.is_(None), jobs.c.need_gpu_memory + slot.headroom <= slot.budget))
+    if slot is not None and slot.for_job is not None:
+        needs.extend((jobs.c.id == slot.for_job, ~_ended(slot.allocation)))
+    else:
+        needs.append(jobs.c.runs_on.is_(None))
     needs.append(dependencies.ready())
     needs.append(within_limits)
     return and_(jobs.c.state == QUEUED, jobs.c.device_req.in_(device_names.accepted_by(device)), *needs)
@@ -93,14 +104,15 @@ def lent(worker_id: str | ColumnElement[Any]) -> Exists:
 
 
 def helpers(conn: Connection, worker_id: str, device: str, count: int, lease_s: float,
-            lock: bool = False, hosts: int = 1) -> list[Rank] | None:
+            lock: bool = False, hosts: int = 1, for_job: int | None = None) -> list[Rank] | None:
     """`count` idle workers to lend their devices to a job that worker_id claims on `count + 1` devices spread
     over `hosts` hosts: (count + 1) / hosts - 1 of its own host, the rest as many on each of hosts - 1 other
     hosts whose workers advertise an address (stats "addr"), the first hosts in name order that have them.
     Each is of the claimer's kind (every rank on a GPU, or every rank on the CPU), alive, not draining, not
     lent, running nothing, and (GPUs) on a distinct GPU nothing else runs on. Rank order: the claimer's host
     first, then host by host. None when there are not enough yet. lock: take their rows (PostgreSQL), as a
-    claim does."""
+    claim does. for_job: a job that runs on Slurm, whose ranks are its allocation's workers alone (the others:
+    no such worker)."""
     own = conn.execute(select(workers.c.host, workers.c.stats).where(workers.c.id == worker_id)).first()
     if own is None:
         return None
@@ -124,6 +136,8 @@ def helpers(conn: Connection, worker_id: str, device: str, count: int, lease_s: 
         if device != "cpu" and key in taken:  # two ranks on one GPU would only contend for it
             continue
         if w.host != own.host and not stats.get("addr"):  # its ranks could not be reached
+            continue
+        if (stats.get("slot") or {}).get("for_job") != for_job:  # an allocation's worker serves its job alone
             continue
         group = groups.setdefault(w.host, [])
         if len(group) < per_host - (w.host == own.host):
@@ -150,6 +164,21 @@ def first_rank(conn: Connection, worker_id: str, device: str, slot: Slot | None,
     if "addr" in others[0] and slot is not None and slot.addr:
         rank["addr"], rank["port"] = slot.addr, str(port)
     return rank
+
+
+def ended(engine: Engine, job_id: int, allocation: str | None) -> bool:
+    """Whether an allocation's worker, bound to job_id, is done: the job is over (or deleted), or the agent saw its
+    allocation end (its nodes are no longer the job's). A run of the job lost meanwhile (requeued) is claimed
+    again by the same workers, within the allocation."""
+    with read(engine) as conn:
+        state = conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar()
+        gone = conn.execute(select(_ended(allocation))).scalar()
+    return state not in (QUEUED, RUNNING) or bool(gone)
+
+
+def _ended(allocation: str | None) -> Exists:
+    # "" for none (a worker started by hand with --for-job): no allocation has it, where None would read IS NULL.
+    return exists().where(slurm_allocations.c.slurm_id == (allocation or ""), slurm_allocations.c.ended_at.is_not(None))
 
 
 def lent_gpus(conn: Connection) -> set[str]:
@@ -223,7 +252,7 @@ def startable(conn: Connection, device: str, plugins: dict[str, list[str]] | Non
         if memo is not None:
             memo.ranking = ranking
     within_limits = fair_share.limited(conn, device, held)
-    first = conn.execute(select(jobs.c.id, jobs.c.devices, jobs.c.hosts).where(
+    first = conn.execute(select(jobs.c.id, jobs.c.devices, jobs.c.hosts, jobs.c.runs_on).where(
         jobs.c.id == head(device, plugins, worker_id, slot, ranking.term(), within_limits), _fits_now(slot))).first()
     if first is None:
         return None
@@ -233,5 +262,6 @@ def startable(conn: Connection, device: str, plugins: dict[str, list[str]] | Non
         return first.id, []
     if worker_id is None:
         return None
-    others = helpers(conn, worker_id, device, first.devices - 1, lease_s, lock=lock, hosts=first.hosts or 1)
+    others = helpers(conn, worker_id, device, first.devices - 1, lease_s, lock=lock, hosts=first.hosts or 1,
+                     for_job=first.id if first.runs_on else None)
     return None if others is None else (first.id, others)

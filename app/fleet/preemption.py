@@ -74,7 +74,8 @@ def choose(engine: Engine, settings: Settings) -> list[tuple[int, int, int]]:
         served_idle = {req for d in idle for req in device_names.accepted_by(d)}
         rows = conn.execute(select(jobs.c.id, jobs.c.claim, jobs.c.priority, jobs.c.project_id, jobs.c.device,
                                    jobs.c.started_at, jobs.c.devices, _in_force().label("asked"))
-                            .where(jobs.c.state == RUNNING, jobs.c.device.is_not(None))).all()
+                            .where(jobs.c.state == RUNNING, jobs.c.device.is_not(None),
+                                   jobs.c.runs_on.is_(None))).all()  # Slurm preempts its own (app/clusters/)
         queued = fair_share.competing(conn)
         if not rows or not queued:
             return []  # nothing runs to preempt, or nothing waits: no other read
@@ -85,8 +86,8 @@ def choose(engine: Engine, settings: Settings) -> list[tuple[int, int, int]]:
         fair = fair_share.ranking(conn, settings.fair_share_half_life_s, held, queued, used).term()
         heads = conn.execute(select(jobs.c.id, jobs.c.device_req, jobs.c.priority, jobs.c.project_id).where(
             jobs.c.state == QUEUED, func.coalesce(jobs.c.devices, 1) == 1, dependencies.ready(),
-            fair_share.limited(conn, held=held)).order_by(*([fair] if fair is not None else []),
-                                                          jobs.c.priority.desc(), jobs.c.id)).all()
+            jobs.c.runs_on.is_(None), fair_share.limited(conn, held=held)).order_by(
+                *([fair] if fair is not None else []), jobs.c.priority.desc(), jobs.c.id)).all()
         shares = fair_share.shares_of(conn, held)
     runs = [_Run(r.id, r.claim, r.priority, r.project_id, r.device, r.started_at,
                  max(0.0, now - r.started_at) * (r.devices or 1)) for r in rows if not r.asked]

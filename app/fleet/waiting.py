@@ -30,6 +30,7 @@ class Waiting(StrEnum):
     PLUGIN = "plugin"
     GPU_MEMORY = "gpu_memory"
     DEPENDENCY = "dependency"            # jobs it waits for ("after", a model job) have not succeeded yet
+    SLURM = "slurm"                      # an allocation of Slurm's (runs_on: slurm): Slurm decides when it starts
 
 
 def spread_short(cands: list[dict[str, Any]], devices: int, hosts: int) -> str | None:
@@ -157,12 +158,28 @@ def on_page(conn: Connection, settings: Settings, found: list[Job]) -> dict[int,
     by_need: dict[tuple, str | None] = {}
     out: dict[int, str | None] = {}
     for j in queued:
+        if j.runs_on == "slurm" and j.id not in unmet:  # Slurm, not the live workers, decides when it starts
+            out[j.id] = in_slurm(j)
+            continue
         # Every field of the job waiting() reads: jobs alike in these wait for the same reason.
         need = (j.device_req, j.devices, j.hosts, j.need_model, j.need_dataset, j.need_entrypoint, j.need_gpu_memory)
         if j.id not in unmet and need not in by_need:
             by_need[need] = why_waiting(j, live)
         out[j.id] = dependencies.waiting_for(unmet[j.id]) if j.id in unmet else by_need[need] or limited.get(j.id)
     return out
+
+
+def in_slurm(job: Job) -> str:
+    """Why a queued job that runs on Slurm has not started: where its allocation is, as the agent last saw it
+    (app/clusters/agent.py), with Slurm's reason while Slurm's queue holds it ("waiting in Slurm's queue:
+    Resources")."""
+    got = job.slurm or {}
+    if not got.get("id"):
+        return "waiting for the Slurm agent to ask for an allocation (trainyard slurm-agent)"
+    if got.get("state") == "PENDING":
+        return f"waiting in Slurm's queue: {got.get('reason') or 'None'} (Slurm job {got['id']}, partition " \
+               f"{got.get('partition') or '?'})"
+    return f"Slurm job {got['id']} is {got.get('state') or '?'} on {got.get('nodes') or '?'}: its workers are starting"
 
 
 # registry.list_workers' read (the workers not stopped, oldest first), with the database's clock on each row.

@@ -39,6 +39,7 @@ from trainyard.app.spec import (
     is_plugin_dataset,
     model_size,
 )
+from trainyard.app.spec import slurm as slurm_spec
 
 
 @dataclass
@@ -245,6 +246,7 @@ def admit(engine: Engine, settings: Settings, spec: TrainJob | PredictJob | RunJ
           batch: list[TrainJob | PredictJob | RunJob] | None = None, who: Principal | None = None) -> Admitted:
     """waits: the job may wait for jobs (its submit; not a sweep's); batch: the batch's jobs before it; who: the
     submitter, who sees only its project's jobs (None: the service itself)."""
+    slurm_spec.resolve(spec, settings)  # where it runs: Slurm only where the service offers it
     check = Check(engine, settings, waits, batch, who)
     if isinstance(spec, TrainJob):
         return check.train(spec)

@@ -1,10 +1,9 @@
 """The queue: the only code that changes a job's state.
 
-Every transition is one guarded UPDATE. Writes a worker makes about a job are fenced by the claim
-number it got when it claimed the job (`WHERE id = ? AND claim = ? AND state = 'running'`): a worker
-that lost its lease (paused, partitioned, too slow) changes nothing. Times come from the database's
-clock (db.db_now) so that hosts with skewed clocks agree on leases. Jobs enter the queue through
-app/jobs/submit.py (the INSERT) and are read through app/records/job_reads.py.
+Every transition is one guarded UPDATE. Writes a worker makes about a job are fenced by the claim number it got
+when it claimed the job (`WHERE id = ? AND claim = ? AND state = 'running'`): a worker that lost its lease (paused,
+partitioned, too slow) changes nothing. Times come from the database's clock (db.db_now) so that hosts with skewed
+clocks agree on leases. Jobs enter through app/jobs/submit.py (the INSERT), are read through app/records/job_reads.py.
 """
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +16,7 @@ from trainyard.app.core.errors import Conflict, NotFound
 from trainyard.app.core.states import RETRYABLE, ErrorRecord, Failure, JobState, error_record
 from trainyard.app.db import counting, db_now, jobs, metrics, read, wakeup, workers, write
 from trainyard.app.fleet import idle_look, placement
+from trainyard.app.jobs import tracked
 from trainyard.app.records import Job
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, PRUNED = (s.value for s in JobState)
@@ -72,8 +72,7 @@ def prune(engine: Engine, job_id: int, why: Callable[[int], ErrorRecord]) -> int
 
 
 def _end(conn: Connection, row: Row, final: str, error: ErrorRecord) -> Row | None:
-    """End a job that was in row.state (guarded by it) as `final` with `error` added to its history;
-    the new row, or None if its state changed first."""
+    """End a job in row.state (guarded by it) as `final`, `error` added to its history; the new row (None: moved)."""
     new = conn.execute(
         update(jobs).where(jobs.c.id == row.id, jobs.c.state == row.state)
         .values(state=final, finished_at=db_now(), lease_expires_at=None, error=error,
@@ -85,8 +84,8 @@ def _end(conn: Connection, row: Row, final: str, error: ErrorRecord) -> Row | No
 
 def retry(engine: Engine, job_id: int, who: Principal | None = None) -> Job:
     """Requeue a failed, cancelled or pruned job under the same id; it resumes from its last checkpoint (a pruned
-    trial runs to its end, outside its sweep's search). A submit again: held to who's project's limits (its
-    queued_jobs, its max_priority at the job's priority, its stored_bytes: app/accounts/quotas.py; who None: none)."""
+    trial runs to its end, outside its sweep's search; a tracked job in a new MLflow run). A submit again: held to
+    who's project's limits (queued_jobs, max_priority at the job's priority, stored_bytes; who None: none)."""
     with write(engine) as conn:
         held = quotas.hold(conn, who)  # before the job's row: the order every submit locks in
         # FOR UPDATE, as cancel's: two retries of one job take turns, and the second sees the first's QUEUED.
@@ -99,6 +98,7 @@ def retry(engine: Engine, job_id: int, who: Principal | None = None) -> Job:
         new = conn.execute(update(jobs).where(jobs.c.id == job_id).values(
             state=QUEUED, attempt=0, finished_at=None, error=None, worker_id=None, lease_expires_at=None,
             result=None, queued_at=db_now()).returning(jobs)).one()
+        tracked.wake(conn, job_id)
         counting.add(conn, counting.requeued(counting.Trigger.REQUEST))
         wakeup.notify(conn)
     return Job.from_row(new)

@@ -18,6 +18,7 @@ from trainyard.app.core.errors import Conflict
 from trainyard.app.core.states import JobState
 from trainyard.app.db import counting, db_now, jobs, read, wakeup, write
 from trainyard.app.fleet import dependencies
+from trainyard.app.jobs import tracked
 from trainyard.app.records import Job
 from trainyard.app.spec import PredictJob, RunJob, TrainJob
 
@@ -83,11 +84,13 @@ def insert_job(conn: Connection, spec: TrainJob | PredictJob | RunJob, idempoten
         epochs=spec.train.epochs if spec.kind == "train" else getattr(spec, "epochs", None), parameters=parameters,
         need_gpu_memory=spec.gpu_memory_bytes, devices=spec.device_count,
         hosts=spec.host_count if spec.host_count > 1 else None,
+        runs_on="slurm" if spec.runs_on == "slurm" else None,  # only its allocation's workers take it (app/clusters/)
         sweep_id=sweep["id"] if sweep else None, sweep=sweep, project_id=project_id, owner=owner,
         **{f"need_{kind[:-1]}": name for kind, name in (needs or {}).items()},
     )
     created = Job.from_row(conn.execute(insert(jobs).values(**values).returning(jobs)).one())
     dependencies.record(conn, created.id, spec)
+    tracked.mark_job(conn, created.id, spec)
     counting.add(conn, counting.submitted(spec.kind))
     wakeup.notify(conn)
     return created

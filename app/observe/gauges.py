@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from trainyard.app.accounts import Principal, project_rows
 from trainyard.app.core.states import SWEEP_STATES, Failure, JobState
-from trainyard.app.db import jobs, read, sweeps
+from trainyard.app.db import jobs, read, sweeps, tracked_runs
 from trainyard.app.fleet import dependencies, waiting
 from trainyard.app.fleet import workers as registry
 from trainyard.app.lifecycle import collector
@@ -28,7 +28,7 @@ from trainyard.app.spec import JOB_KINDS
 
 # What waiting.waiting reads of a queued job: jobs alike in these wait for the same reason.
 _PLACED = (jobs.c.device_req, jobs.c.devices, jobs.c.need_model, jobs.c.need_dataset, jobs.c.need_entrypoint,
-           jobs.c.need_gpu_memory)
+           jobs.c.need_gpu_memory, jobs.c.runs_on)
 
 
 def seen_by(table, who: Principal | None) -> ColumnElement[bool]:
@@ -51,7 +51,10 @@ def read_rows(engine: Engine, stale_after_s: float, who: Principal | None = None
                                .where(jobs.c.state == JobState.RUNNING, mine)).all()
         sweep_states = conn.execute(select(sweeps.c.state, func.count()).where(seen_by(sweeps, who))
                                     .group_by(sweeps.c.state)).all()
-        return {"by_state": {(k, s): n for k, s, n in by_state},
+        # The tracker's backlog (app/tracking/): runs with something not yet sent, and those whose last send failed.
+        tracking = tuple(conn.execute(select(func.count(), func.count(tracked_runs.c.error))
+                                      .where(tracked_runs.c.pending)).one()) if who is None or who.admin else None
+        return {"tracking": tracking, "by_state": {(k, s): n for k, s, n in by_state},
                 "queue": _queue(conn, listed, now, stale_after_s, mine), "running": running,
                 "sweeps": dict(sweep_states), "trials": _trials(conn, mine), "workers": listed, "now": now,
                 "storage": storage}
@@ -69,8 +72,12 @@ def _queue(conn: Connection, listed: list[dict], now: float, stale_after_s: floa
     out: dict[tuple[str, str], list[float]] = {}
     for group in groups:
         job = Job.from_values({**{k: v for k, v in group._mapping.items() if k != "blocked"}, "state": JobState.QUEUED})
-        # Waiting on other jobs comes first: no worker can take it before they succeed, whatever the workers.
-        found = (waiting.Waiting.DEPENDENCY, "") if group.blocked else waiting.waiting(job, live)
+        # Waiting on other jobs comes first: no worker can take it before they succeed, whatever the workers. A
+        # Slurm job waits for its allocation, which no worker of the own fleet (an autoscaler's to add) would end.
+        if group.blocked:
+            found: tuple[waiting.Waiting, str] | None = (waiting.Waiting.DEPENDENCY, "")
+        else:
+            found = (waiting.Waiting.SLURM, "") if job.runs_on == "slurm" else waiting.waiting(job, live)
         key = (job.device_req, (found[0] if found else waiting.Waiting.TURN).value)
         depth, age = out.get(key, [0, 0.0])
         out[key] = [depth + group.n, max(age, now - group.since)]
@@ -134,6 +141,13 @@ def families(st: dict[str, Any]) -> Iterator[Metric]:
     yield trials
     if st["storage"] is not None:
         yield from _storage(st["storage"])
+    if st.get("tracking") is not None:
+        pending, failing = st["tracking"]
+        yield GaugeMetricFamily("trainyard_tracking_backlog_runs", "Jobs' and sweeps' MLflow runs with records not "
+                                "yet sent to the tracker (running jobs' included: they send at each checkpoint)",
+                                value=pending)
+        yield GaugeMetricFamily("trainyard_tracking_failing_runs", "Of those, the runs whose last send to the "
+                                "tracker failed (it is tried again, backing off)", value=failing)
 
 
 def _storage(usage: list[collector.Usage]) -> Iterator[Metric]:

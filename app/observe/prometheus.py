@@ -45,6 +45,10 @@ COUNTERS: dict[str, tuple[str, dict[str, tuple[str, ...]]]] = {
                          "retention rules let go of them, or left by a crash)", {"kind": STORED_KINDS}),
     counting.COLLECTED_BYTES: ("Bytes of the stored objects the collector removed", {"kind": STORED_KINDS}),
     counting.COLLECTIONS: ("Passes of the collector (every TRAINYARD_COLLECT_S, and POST /storage/collect)", {}),
+    counting.TRACKER_SENDS: ("Jobs' and sweeps' runs brought up to date in an experiment tracker",
+                             {"tracker": ("mlflow",)}),
+    counting.TRACKER_ERRORS: ("Sends to an experiment tracker that failed (sent again later)",
+                              {"tracker": ("mlflow",)}),
 }
 DURATION_LABELS = {"kind": JOB_KINDS, "state": counting.ENDINGS}
 

@@ -66,6 +66,8 @@ class Job:
     project_id: int | None = None  # its project and who submitted it (app/accounts/__init__.py); None: the admin's
     owner: str | None = None
     preempt_requested_at: float | None = None  # the scheduler wants its device (app/fleet/preemption.py)
+    runs_on: str | None = None  # "slurm": only an allocation of its own runs it (app/clusters/); None: own workers
+    slurm: dict[str, Any] | None = None  # its latest allocation: {"id", "partition", "nodes", "state", "reason"}
 
     @classmethod
     def from_row(cls, row) -> "Job":

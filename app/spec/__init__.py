@@ -3,8 +3,9 @@
 This package is the single source of truth for job kinds, architectures, datasets, devices, sweeps and the
 limits on every field. It imports neither torch nor FastAPI, so the API server stays light. Its modules:
 common (the strict base model, dataset and upload names, JSON depth), train (model, data, training
-parameters), jobs (the three job kinds, parse_spec), sweep (a search over a job's fields) and catalogue
-(GET /catalog). Every name is re-exported here: import from trainyard.app.spec.
+parameters), jobs (the three job kinds, parse_spec), sweep (a search over a job's fields), slurm (what a job
+may ask of Slurm, checked against the service's settings: resolve) and catalogue (GET /catalog). Every name is
+re-exported here: import from trainyard.app.spec.
 """
 from trainyard.app.spec.catalogue import ARCH_INPUTS, catalog
 from trainyard.app.spec.common import (
@@ -54,6 +55,7 @@ from trainyard.app.spec.jobs import (
     job_spec_adapter,
     parse_spec,
 )
+from trainyard.app.spec.slurm import SLURM_NAME, SlurmRequest
 from trainyard.app.spec.sweep import (
     ANY,
     DEFAULT_TRIALS,
@@ -112,4 +114,5 @@ __all__ = [
     "AshaPruner", "PrunerSpec", "BaseJob", "SweepSpec", "field_kind", "with_params", "ARCHS", "TORCHVISION_ARCHS",
     "ALL_ARCHS", "ARCH_FIELDS", "ACTIVATIONS", "WEIGHTS_PATTERN", "MAX_FAKE_BYTES", "ModelSpec", "DataSpec",
     "VAL_METRICS", "HIGHER_IS_BETTER", "Schedule", "EarlyStopping", "Augment", "TrainParams",
+    "SLURM_NAME", "SlurmRequest",
 ]

@@ -8,6 +8,7 @@ from pydantic import AfterValidator, Field, TypeAdapter, field_validator, model_
 from trainyard.app.core import device_names
 from trainyard.app.core.plugins import NAME as PLUGIN_NAME
 from trainyard.app.spec.common import DATASET_INFO, Params, ShownName, _bounded_params, _Strict, check_dataset
+from trainyard.app.spec.slurm import SlurmRequest
 from trainyard.app.spec.train import DataSpec, ModelSpec, TrainParams
 
 JOB_KINDS = ("train", "predict", "run")
@@ -54,6 +55,19 @@ class Resources(_Strict):
         "unclaimed, beside other jobs that state theirs, and is held to it; without it a job has its GPU to itself")
 
 
+class Tracking(_Strict):
+    """Where a job's results go besides trainyard's own records: an MLflow run where the service names a tracking
+    server (TRAINYARD_MLFLOW_TRACKING_URI; docs/observing.md, "MLflow")."""
+    mlflow: bool = Field(True, description="false: this job is no MLflow run, even where the service tracks")
+    experiment: ShownName | None = Field(None, min_length=1, description="the MLflow experiment of its run (made if "
+                                         "missing); default: the service's TRAINYARD_MLFLOW_EXPERIMENT")
+    register_model: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", description="a train or "
+                                       "run job that saves a model: register it under this name in MLflow's model "
+                                       "registry (a new version of it) when the job succeeds")
+    git_commit: str | None = Field(None, pattern=r"^[0-9a-f]{7,40}$", description="the commit of the code it runs: "
+                                   "its run's mlflow.source.git.commit tag")
+
+
 class _JobBase(_Strict):
     name: ShownName | None = None
     device: str = Field("auto", pattern=DEVICE_PATTERN, description="auto, cpu, cuda or cuda:N")
@@ -61,10 +75,24 @@ class _JobBase(_Strict):
     max_attempts: int = Field(3, ge=1, le=100, description="runs lost to infrastructure failures before giving up")
     timeout_s: float | None = Field(None, gt=0, le=30 * 86400, description="stop and fail the job after this long")
     resources: Resources | None = None
+    tracking: Tracking | None = None
     after: list[JobRef] = Field(
         default_factory=list, max_length=MAX_AFTER, description="ids of jobs this one waits for: it stays queued "
         "until they all succeed, and fails (class dependency) if one fails, is cancelled or deleted; in a batch "
         "(POST /jobs/batch), \"$N\" is the batch's job at position N")
+    runs_on: Literal["workers", "slurm"] | None = Field(
+        None, description="where it runs: trainyard's own workers, or an allocation of its own in Slurm "
+        "(docs/scaling-out.md); default: the service's (TRAINYARD_SLURM_DEFAULT)")
+    slurm: SlurmRequest | None = Field(None, description="runs on Slurm with these of its own: partition, account, "
+                                       "qos, time limit (the rest is the service's)")
+
+    @model_validator(mode="after")
+    def _slurm_runs_on_slurm(self):
+        if self.slurm is not None:
+            if self.runs_on == "workers":
+                raise ValueError("slurm: a job with runs_on workers takes no Slurm fields")
+            self.runs_on = "slurm"
+        return self
 
     @field_validator("after")
     @classmethod
@@ -172,6 +200,8 @@ class PredictJob(_JobBase):
 
     @model_validator(mode="after")
     def _inputs_or_data(self):
+        if self.tracking is not None and self.tracking.register_model is not None:
+            raise ValueError("tracking.register_model: a predict job makes no model to register")
         if (self.inputs is None) == (self.data is None):
             raise ValueError("give exactly one of inputs or data")
         if self.inputs is not None:

@@ -18,7 +18,7 @@ from trainyard.app.core.errors import Conflict, NotFound
 from trainyard.app.core.settings import Settings
 from trainyard.app.core.states import Failure, SweepState, error_record
 from trainyard.app.db import db_now, jobs, sweeps, write
-from trainyard.app.jobs import admission, queue, submit
+from trainyard.app.jobs import admission, queue, submit, tracked
 from trainyard.app.records import Job, Sweep, sweep_reads
 from trainyard.app.records.sweep_results import summary
 from trainyard.app.spec import JobSpec, SweepSpec
@@ -35,6 +35,7 @@ def create(engine: Engine, settings: Settings, spec: SweepSpec, who: Principal =
         row = conn.execute(insert(sweeps).values(
             name=spec.name, state=RUNNING, spec=spec.model_dump(mode="json"), created_at=db_now(),
             trial_count=0, project_id=who.project_id, owner=who.user).returning(sweeps)).one()
+        tracked.mark_sweep(conn, row.id, spec.job)
     values = row._asdict()
     return Sweep.from_values(values, summary(values["spec"]))
 

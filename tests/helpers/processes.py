@@ -11,11 +11,12 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # A zombie is dead too: it only waits for its parent to reap it.
+    # A zombie is dead too: it only waits for its parent to reap it. A process reaped between the kill and
+    # the read makes the read fail with ESRCH (ProcessLookupError), not ENOENT: any OSError is a gone process.
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
         return False
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.jobs import tiny_job
+from tests.helpers.processes import alive
 from tests.helpers.service import serving
 
 pytestmark = pytest.mark.slow  # a server and a worker, a trained job, export subprocesses started (then killed)
@@ -67,13 +68,6 @@ def held_exporter(svc, known: set[int]) -> int:
     (pid,) = wait_for(lambda: set(exporters(svc)) - known, 60, "an export subprocess")
     os.kill(pid, signal.SIGSTOP)
     return pid
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def run_dir(svc, job_id: int) -> Path:

@@ -177,8 +177,13 @@ def test_the_queue_by_device_and_reason_class_and_its_oldest_age(engine):
     _, st = render(engine)
     assert value(st, "trainyard_queue_depth", device="cpu", reason="dependency") == 1
     assert value(st, "trainyard_queue_depth", device="cpu", reason="turn") == 2
+    # A job for Slurm waits for its allocation, not for a worker of the own fleet, idle w1 though there is.
+    on_slurm, _ = submit.enqueue(engine, parse_spec({**SPEC, "runs_on": "slurm"}))
+    _, st = render(engine)
+    assert value(st, "trainyard_queue_depth", device="cpu", reason="slurm") == 1
+    assert value(st, "trainyard_queue_depth", device="cpu", reason="turn") == 2
     with write(engine) as conn:
-        conn.execute(delete(jobs).where(jobs.c.id == waits.id))
+        conn.execute(delete(jobs).where(jobs.c.id.in_([waits.id, on_slurm.id])))
 
     claimed = queue.claim(engine, "w1", "cpu", lease_s=30)
     assert claimed is not None and claimed.id == cpu.id

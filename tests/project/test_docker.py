@@ -332,7 +332,7 @@ def test_dockerfile_dependency_list_is_the_pinned_one():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     assert reqs == project["dependencies"] + extras["worker"] + extras["postgres"] + extras["s3"] + \
-        extras["export"] + extras["gpu-check"]
+        extras["export"] + extras["gpu-check"] + extras["mlflow"]
     assert any(r.startswith("pytest") for r in reqs) and not any(r.startswith("playwright") for r in reqs)
     assert any(r.startswith("torch>=") for r in reqs), "the worker's torch (pinned by the build's constraint)"
 

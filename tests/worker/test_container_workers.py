@@ -30,10 +30,10 @@ HEALTHCHECK = ROOT / "docker" / "healthcheck.py"
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 
 
-def healthcheck(pidfile: Path, status_dir: Path) -> subprocess.CompletedProcess:
+def healthcheck(pidfile: Path, status_dir: Path, *flags: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "TRAINYARD_WORKER_PIDFILE": str(pidfile), "TRAINYARD_WORKER_STATUS_DIR": str(status_dir)}
-    return subprocess.run([sys.executable, str(HEALTHCHECK), "worker"], env=env, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([sys.executable, str(HEALTHCHECK), "worker", *flags], env=env, capture_output=True,
+                          text=True, timeout=60)
 
 
 # ---- the health check against real status files --------------------------------------------------
@@ -54,6 +54,7 @@ def test_the_health_check_reads_each_workers_status_file(tmp_path):
     time.sleep(status_file.stale_after_s(settings) + 0.2)  # no heartbeat since: hung
     stale = healthcheck(pidfile, status_dir)
     assert stale.returncode == 1 and f"worker pid {os.getpid()} is hung" in stale.stderr, stale.stderr
+    assert healthcheck(pidfile, status_dir, "--liveness").returncode == 1  # hung is not live either
 
     why = "cuda:0: CUDA is not available: no NVIDIA driver is visible to this process"
     status_file.write(settings, "unavailable", why)
@@ -62,6 +63,8 @@ def test_the_health_check_reads_each_workers_status_file(tmp_path):
     # A device that failed under a job: the worker is still busy ending it, and already unavailable.
     status_file.write(settings, "busy", "CUDA error: an illegal memory access was encountered")
     assert healthcheck(pidfile, status_dir).returncode == 1
+    # Alive though: a liveness probe that restarted it would forget the failed device and hand it a job.
+    assert healthcheck(pidfile, status_dir, "--liveness").returncode == 0
 
     # Another process's file under this pid's name (a pid reused after a restart) speaks for no one.
     (status_dir / f"{os.getpid()}.json").write_text(json.dumps(
@@ -90,6 +93,7 @@ def test_a_hung_worker_and_an_unavailable_one_are_unhealthy(tmp_path):
             time.sleep(bound + 0.5)
             hung = healthcheck(pidfile, status_dir)
             assert hung.returncode == 1 and f"worker pid {cpu.pid} is hung" in hung.stderr, hung.stderr
+            assert healthcheck(pidfile, status_dir, "--liveness").returncode == 1
         finally:
             os.kill(cpu.pid, signal.SIGCONT)
         svc.wait_until(lambda: healthcheck(pidfile, status_dir).returncode == 0, 30, "the worker's next heartbeat")
@@ -100,6 +104,7 @@ def test_a_hung_worker_and_an_unavailable_one_are_unhealthy(tmp_path):
         unavailable = healthcheck(pidfile, status_dir)
         assert unavailable.returncode == 1, unavailable.stderr
         assert f"worker pid {gpu.pid} is unavailable" in unavailable.stderr and "no NVIDIA driver" in unavailable.stderr
+        assert healthcheck(pidfile, status_dir, "--liveness").returncode == 0  # alive: not restarted, not ready
     finally:
         svc.stop()
 

@@ -1,6 +1,7 @@
 """The worker loop in this process (Worker(burst=True)): claim, plan, supervise, record, for each ending
 a job can have. Job processes are real (forked from the worker's fork server); no server, no CLI."""
 import pytest
+from sqlalchemy import event
 
 from tests.helpers.jobs import slow_job, tiny_job
 from trainyard.app.core.settings import Settings
@@ -79,3 +80,20 @@ def test_max_jobs_and_a_worker_that_is_shut_down_mid_job(settings):
     back = job_reads.get_job(engine, long)
     assert back.state == "queued" and back.attempt == 0 and back.checkpoint_epoch >= 1
     assert "requeued without using an attempt" in settings.layout.log(long).read_text()
+
+
+def test_every_statement_the_worker_sends_is_marked_on_the_network(settings):
+    """A running job's LeaseWatch (worker/supervisor/supervise.py) stops it when its host is cut off only if the
+    call its supervisor hangs in is marked (Worker.on_the_network): one unmarked statement, the housekeeping's
+    sweep for expired leases, once left a cut-off host's job running well past its lease."""
+    settings.ensure_dirs()
+    job = submit(settings, tiny_job(epochs=3))
+    worker = Worker(settings, "cpu", burst=True)
+    sent: list[tuple[str, bool]] = []
+    event.listen(worker.engine, "before_cursor_execute",
+                 lambda conn, cursor, statement, *rest: sent.append((statement, worker.network_call_since is not None)))
+    assert worker.run() == 0
+    assert job_reads.get_job(make_engine(settings.db_url), job).state == "succeeded"
+    registered = next(i for i, (statement, _) in enumerate(sent) if statement.startswith("INSERT INTO workers"))
+    # Before it: the schema's check (migrate.prepare), no job running yet.
+    assert len(sent) - registered > 20 and [s for s, marked in sent[registered:] if not marked] == []

@@ -32,8 +32,7 @@ from trainyard.worker.supervisor.plan import JobPlan
 log = logging.getLogger("trainyard.worker")
 T = TypeVar("T")
 
-# Time a cancelled or timed-out job process gets to exit on SIGTERM before SIGKILL.
-KILL_GRACE_S = 1.0
+KILL_GRACE_S = 1.0  # the time a cancelled or timed-out job process gets to exit on SIGTERM before SIGKILL
 
 
 class WorkerLink(Protocol):
@@ -233,7 +232,8 @@ class JobRun:
         self.outcome = Outcome.LOST
         if why is None:
             try:  # one try, not the lease-long retries of self.db: the log's last line must not wait on it
-                why = job_reads.why_lost(self.worker.engine, self.job.id, self.job.claim)
+                with self.worker.on_the_network():
+                    why = job_reads.why_lost(self.worker.engine, self.job.id, self.job.claim)
             except Exception as exc:  # the database away: the log says what is known
                 log.warning("job %s: why it is no longer ours could not be read: %s", self.job.id, exc)
                 why = "cancelled, pruned or taken over"

@@ -44,11 +44,12 @@ class Worker:
     ctx: ForkServerContext  # the fork server its jobs are forked from (run() starts it)
 
     def __init__(self, settings: Settings, device: str = "auto", burst: bool = False,
-                 max_jobs: int | None = None):
+                 max_jobs: int | None = None, for_job: int | None = None):
         self.settings = settings
         self.device = device_names.for_worker(device, gpu_order.visible_cuda_count() if device == "auto" else 0)
         self.burst = burst
         self.max_jobs = max_jobs
+        self.for_job = for_job  # an allocation's worker (app/clusters/): it serves this job alone, until it ends
         self.engine = make_engine(settings.db_url)
         self.id = f"{settings.node}-{os.getpid()}-{secrets.token_hex(3)}"
         self.stopping = False
@@ -122,7 +123,8 @@ class Worker:
         # Checked here, from what the warm-up child saw (the supervisor never touches CUDA): a worker that
         # cannot use its device registers as unavailable, with why, rather than fail every job it claims.
         self.unavailable = hardware.device_problem(self.device, build, reading, os.environ.get("CUDA_VISIBLE_DEVICES"))
-        self.slot = self._slot(reading, build)
+        self.slot = replace(self._slot(reading, build), for_job=self.for_job,
+                            allocation=os.environ.get("SLURM_JOB_ID") if self.for_job else None)
         self.stats = {"build": build, "host": reading, "slot": asdict(self.slot), "unavailable": self.unavailable,
                       "plugins": self.plugins, "plugin_details": plugins.describe(offered),
                       "addr": self.settings.node_addr}
@@ -164,7 +166,8 @@ class Worker:
         return 1 if self.unavailable and self.burst else 0
 
     def _done(self) -> bool:
-        return self.max_jobs is not None and self.jobs_done >= self.max_jobs
+        return (self.max_jobs is not None and self.jobs_done >= self.max_jobs) or (
+            self.for_job is not None and self.db(placement.ended, self.for_job, self.slot.allocation))
 
     def _next_job(self) -> Job | None:
         self._last_look = time.monotonic()
@@ -224,7 +227,7 @@ class Worker:
         status_file.write(self.settings, state, self.unavailable)  # the container's health check reads it
         if (held := self.db(registry.worker_heartbeat, self.id, state, job_id, self.stats)) and not self.unavailable:
             self.mark_unavailable(held)  # another worker took it out of service: the device it lent failed
-        for jid, new_state in queue.requeue_expired(self.engine) if due else ():
+        for jid, new_state in self.db(queue.requeue_expired) if due else ():
             log.warning("job %s lost its worker (lease expired): now %s", jid, new_state)
 
     def mark_stopping(self, job_id: int | None) -> None:
@@ -270,10 +273,11 @@ class Worker:
         return {"all": here, "cpu": [w for w in here if w["device"] == "cpu"]}
 
 
-def main(settings: Settings, device: str, burst: bool = False, max_jobs: int | None = None) -> int:
+def main(settings: Settings, device: str, burst: bool = False, max_jobs: int | None = None,
+         for_job: int | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        worker = Worker(settings, device, burst=burst, max_jobs=max_jobs)
+        worker = Worker(settings, device, burst=burst, max_jobs=max_jobs, for_job=for_job)
     except ValueError as exc:
         raise SystemExit(f"trainyard worker: --device {exc}") from None
     try:

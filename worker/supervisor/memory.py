@@ -10,7 +10,6 @@ Two guards, because no one guard covers every job:
   driver's host mappings are not for us to limit), failing it `oom` with the peak it saw.
 A job process the kernel kills anyway (SIGKILL while its worker lives) is reported `oom` too.
 """
-import os
 import resource
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +33,6 @@ def resident(pid: int) -> int | None:
         return _status(pid).get("VmRSS")
     except (FileNotFoundError, ProcessLookupError):
         return None
-
-
-def host_total() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def budget(job_memory_bytes: int | None, share: float, host_bytes: int, live_workers_here: int) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 from trainyard.app.core.layout import ARTIFACT_FILES, UPLOAD_DATA_FILE, UPLOAD_META_FILE
 from trainyard.app.core.settings import Settings
-from trainyard.app.fleet import gpu_order, placement, spread
+from trainyard.app.fleet import gpu_order, host_memory, placement, spread
 from trainyard.app.records import Job, job_reads
 from trainyard.app.spec import uploads_named
 from trainyard.worker.supervisor import memory
@@ -45,7 +45,7 @@ def plan_job(job: Job, settings: Settings, device: str, db: Callable[..., Any], 
         resume_from=layout.resolve(job.checkpoint_path) if job.checkpoint_path else None,
         threads=job_threads(device, here),
         memory_budget=memory.budget(settings.job_memory_bytes, settings.job_memory_share,
-                                    memory.host_total(), len(here["all"])),
+                                    host_memory.total(), len(here["all"])),
         gpu_memory_fraction=gpu_memory_fraction, model_dir=model_dir, model_spec=model_spec,
         scratch_dir=scratch(settings, job))
 

@@ -122,6 +122,8 @@ def set_up_fork_server() -> None:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
+        if os.getppid() == parent:  # sent to every process (Slurm's scancel, systemd): the worker, alive, decides
+            return
         end_descendants(me)
         os._exit(0)
 

@@ -31,6 +31,7 @@ from trainyard.app.spec import (
     JobBatch,
     JobSpec,
 )
+from trainyard.app.tracking import reads as tracking_reads
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 # Bounded so that no id reaches the database as an integer it cannot store.
@@ -139,9 +140,10 @@ async def get_job(job_id: JobId, request: Request, who: WhoDep) -> Response:
 
     def read(engine):
         job = visibility.job_for(engine, who, job_id)
-        return job, waiting.of_jobs(engine, settings, [job]).get(job.id)
-    job, why = await reader.run(read)
-    return as_json(job_fields(job, why))
+        why = waiting.of_jobs(engine, settings, [job]).get(job.id)
+        return job, why, tracking_reads.of_job(engine, settings, job.id)
+    job, why, tracking = await reader.run(read)
+    return as_json({**job_fields(job, why), "tracking": tracking})
 
 
 def as_json(values: dict | list, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:

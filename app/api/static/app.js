@@ -80,7 +80,15 @@
   }
 
   /** Seconds the job has spent in its current phase (waiting, running, or how long it ran). */
-  function jobTime(job) {
+  // A job that runs on Slurm: its allocation as the agent last saw it (docs/scaling-out.md, "Slurm").
+function slurmFact(slurm) {
+  if (!slurm || !slurm.id) return null;
+  const where = slurm.nodes ? ` on ${slurm.nodes}` : "";
+  const why = slurm.reason && slurm.state === "PENDING" ? ` (${slurm.reason})` : "";
+  return `job ${slurm.id} · ${slurm.partition || "?"} · ${slurm.state || "?"}${why}${where}`;
+}
+
+function jobTime(job) {
     const now = Date.now();
     const created = parseTime(job.created_at), started = parseTime(job.started_at);
     const finished = parseTime(job.finished_at);
@@ -191,6 +199,17 @@
     m = h.match(/^#\/sweeps\/(\d+)\/?$/);
     if (m) return { view: "sweep", id: Number(m[1]) };
     return /^#\/sweeps\/?$/.test(h) ? { view: "sweeps" } : { view: "list" };
+  }
+
+  // A job's MLflow run (GET /jobs/{id}'s tracking.mlflow): a link to its page, and whether the tracker has it all.
+  function mlflowFact(run) {
+    if (!run) return null;
+    const state = run.error ? ` · not sent yet: ${run.error}` : run.complete ? " · complete" : " · being sent";
+    if (!run.run_id) return `run not made yet${state}`;
+    const name = `run ${run.run_id.slice(0, 8)}`;
+    const link = run.url ? el("a", { href: run.url, target: "_blank", rel: "noopener noreferrer",
+                                     "data-testid": "job-mlflow", text: name }) : name;
+    return [link, `${run.model_version ? ` · model version ${run.model_version}` : ""}${state}`];
   }
 
   function setStatus(text, kind) {
@@ -757,6 +776,7 @@
       ["waiting for", job.waiting_for || null],
       ["device", job.device ? `${job.device} (requested ${requested})` : `requested ${requested}`],
       ["worker", job.worker_id],
+      ["Slurm", slurmFact(job.slurm)],
       ["attempt", `${job.attempt} of ${job.max_attempts} (${job.runs} run${job.runs === 1 ? "" : "s"})`],
       ["created", fmtTime(job.created_at)],
       ["started", job.started_at ? fmtTime(job.started_at) : null],
@@ -768,6 +788,7 @@
         isNum(latest(job, "val_accuracy")) ? fmtPct(latest(job, "val_accuracy")) : null],
       ["throughput", isNum(m.samples_per_s) ? `${Math.round(m.samples_per_s).toLocaleString()} samples/s` : null],
       ["checkpoint", isNum(job.checkpoint_epoch) ? `epoch ${job.checkpoint_epoch}` : null],
+      ["MLflow", mlflowFact(job.tracking && job.tracking.mlflow)],
       ["peak CUDA memory", isNum(job.peak_memory_allocated)
         ? `${fmtBytes(job.peak_memory_allocated)} allocated, ${fmtBytes(job.peak_memory_reserved)} reserved` : null],
     ]);

@@ -1,0 +1,35 @@
+"""A worker in a container shares its cgroup's memory limit, not the host's memory: its jobs' budget (the
+default, TRAINYARD_JOB_MEMORY_SHARE of it) is reckoned from the lower of the two, and /devices shows the
+limit and what it leaves. A real worker in a real memory cgroup; the kernel's files as cgroup v1 and v2 write
+them are tests/fleet/test_host_memory.py's."""
+import re
+
+import pytest
+
+from tests.helpers.cgroups import memory_cgroup, unavailable
+from tests.helpers.jobs import tiny_job
+from tests.helpers.service import Service
+
+GiB = 1 << 30
+why_not = unavailable()  # once: it makes and removes a probe cgroup
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(why_not is not None, reason=str(why_not))
+def test_a_worker_in_a_memory_cgroup_gives_its_jobs_a_share_of_the_cgroup_limit_and_shows_it(tmp_path):
+    svc = Service(tmp_path / "data")
+    with memory_cgroup(3 * GiB) as run_in_it:
+        try:
+            svc.start_server()
+            svc.start_worker("cpu", wrap=run_in_it)
+            job = svc.wait_state(svc.submit(tiny_job())["id"], timeout=120)
+            assert job["state"] == "succeeded", job
+            with svc.client() as c:
+                log = c.get(f"/jobs/{job['id']}/logs").text
+                (host,) = c.get("/devices").json()["hosts"]  # its heartbeat's reading of the one host here
+        finally:
+            svc.stop()
+    budget = re.search(r"memory budget ([\d.]+) GiB", log)
+    assert budget and float(budget.group(1)) == pytest.approx(0.8 * 3, abs=0.01), log  # one live worker here
+    assert host["cpu"]["memory_total"] == 3 * GiB
+    assert 0 < host["cpu"]["memory_available"] < 3 * GiB  # less what the worker and its fork server hold
