@@ -89,7 +89,7 @@ lint: $(BIN)/.installed
 # slowest tests at the end: where the suite's time goes (docs/layout.md, "The suite's budget").
 PYTEST_WORKERS ?= 2
 test: setup lint
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=30 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python -m bench.train_throughput --rounds 3

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from trainyard.app.client import TERMINAL
+from trainyard.app.client.http import tls
 from trainyard.app.core import operator_token
 from trainyard.app.core.ports import free_port
 
@@ -69,7 +70,7 @@ class Service:
         if server.poll() is not None:
             raise RuntimeError(f"server exited with code {server.returncode}\n{self.output()}")
         try:
-            return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
+            return httpx.get(f"{self.url}/healthz", timeout=1, verify=tls()).status_code == 200
         except httpx.TransportError:
             return False
 
@@ -89,7 +90,7 @@ class Service:
         # A server listening beyond loopback with no token set makes one in its data dir (app/core/operator_token.py).
         token = self.env.get("TRAINYARD_API_TOKEN") or operator_token.read(self.data_dir)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, **{"timeout": 30, "headers": headers, **kw})
+        return httpx.Client(base_url=self.url, **{"timeout": 30, "headers": headers, "verify": tls(), **kw})
 
     def submit(self, body: dict, **kw) -> dict:
         with self.client() as c:

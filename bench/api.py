@@ -42,6 +42,7 @@ from functools import partial
 import httpx
 
 from bench.common import ROOT, TINY_JOB, CpuMeter, env_line, load_note, pct, postgres_schema, service, table, verdict
+from trainyard.app.client.http import tls
 from trainyard.app.core.states import JobState
 from trainyard.app.launcher import free_port
 
@@ -257,7 +258,7 @@ def main() -> None:
 
 def _up(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=1).status_code == 200
+        return httpx.get(url, timeout=1, verify=tls()).status_code == 200
     except httpx.TransportError:
         return False
 

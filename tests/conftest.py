@@ -8,6 +8,25 @@ from tests.helpers.service import Service, live_service
 from trainyard.app.db import make_engine, migrate
 from trainyard.app.launcher import postgres_schema
 
+# The longest modules (a full run's --durations, docs/layout.md "The suite's budget"), started first: xdist hands
+# each process a file at a time, and a long file begun last runs alone while the other core idles (the torch
+# floor's four minutes did, at the end of a 63-minute run). Then the other slow files, then the quick ones, whose
+# many short files even out the end. `make test` runs xdist with --no-loadscope-reorder so that this order holds.
+LONGEST = ("project/test_torch_floor.py", "fleet/test_slurm.py", "jobs/test_reliability.py", "cli/test_gpu_check.py",
+           "worker/test_hosts_netns.py", "worker/test_multi_device.py", "api/test_api.py", "fleet/test_drain.py")
+
+
+def pytest_collection_modifyitems(items):
+    def module(item):
+        return item.nodeid.split("::")[0].removeprefix("tests/")
+    rank: dict[str, int] = {}
+    for item in items:
+        r = LONGEST.index(module(item)) if module(item) in LONGEST else \
+            len(LONGEST) + (0 if item.get_closest_marker("slow") else 1)
+        rank[module(item)] = min(r, rank.get(module(item), r))
+    items.sort(key=lambda item: rank[module(item)])  # stable: a module's tests keep their order
+
+
 # A module's own service, shared by its tests: a server and one CPU worker on SQLite. A module that needs
 # another one says so in one line (`live = live_service(workers=0, env={...}, team=True)`, tests/helpers/service.py).
 live = live_service()

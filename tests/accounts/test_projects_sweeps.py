@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from tests.helpers.backends import on_both_backends
+from tests.helpers.backends import on_both_backends, on_postgres_only, on_sqlite_only
 from tests.helpers.data import iris_csv
 from tests.helpers.jobs import tiny_job
 from tests.helpers.teams import make_team, service_engine
@@ -102,6 +102,7 @@ def test_uploads_are_read_within_the_project(tmp_path):
 
 
 @pytest.mark.slow
+@on_postgres_only
 def test_a_sweep_and_its_trials_are_its_projects_only(service, team):
     ann, ben, ada = team.client("ann"), team.client("ben"), team.client("ada")
     grid = {"train.lr": {"type": "choice", "values": [0.01, 0.05]}}
@@ -159,6 +160,7 @@ def test_a_sweep_and_its_trials_are_its_projects_only(service, team):
 
 
 @pytest.mark.slow
+@on_sqlite_only
 def test_an_uploaded_dataset_is_its_projects_only(service, team):
     ann, ben, ada = team.client("ann"), team.client("ben"), team.client("ada")
     r = ann.post("/datasets", files={"file": ("iris.csv", iris_csv())}, data={"label_column": "species"})

@@ -9,7 +9,7 @@ import pytest
 from pydantic import TypeAdapter
 from sqlalchemy import delete, select
 
-from tests.helpers.backends import on_both_backends
+from tests.helpers.backends import on_both_backends, on_postgres_only, on_sqlite_only
 from tests.helpers.jobs import tiny_job
 from tests.helpers.service import ROOT
 from trainyard import Client
@@ -243,6 +243,7 @@ def submit_batch(service, body) -> list[dict]:
 
 
 @pytest.mark.slow
+@on_sqlite_only
 def test_a_pipeline_submitted_at_once_runs_in_order(service):
     made = submit_batch(service, pipeline(tiny_job(epochs=3)))
     assert [j["state"] for j in made] == ["queued"] * 3
@@ -270,6 +271,7 @@ def test_the_docs_pipeline_is_a_batch_the_service_admits(engine, settings):
 
 
 @pytest.mark.slow
+@on_sqlite_only
 def test_a_pipeline_whose_first_job_fails_ends_cleanly(service):
     service.start_worker("cpu")
     with Client(service.url) as c:  # the client's verb for POST /jobs/batch
@@ -290,6 +292,7 @@ def test_a_pipeline_whose_first_job_fails_ends_cleanly(service):
 
 
 @pytest.mark.slow
+@on_postgres_only
 def test_a_job_waits_for_a_sweeps_best_trial_over_http(service):
     with service.client() as c:
         r = c.post("/sweeps", json={"job": tiny_job(epochs=2), "method": "grid", "max_concurrent": 1,

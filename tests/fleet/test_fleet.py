@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.helpers.backends import on_both_backends
+from tests.helpers.backends import on_both_backends, on_postgres_only
 from tests.helpers.jobs import slow_job, tiny_job
 from trainyard.app.core.settings import Settings
 from trainyard.app.db import make_engine, migrate
@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow
 service_backend = on_both_backends()
 
 
+@on_postgres_only
 def test_drain_lets_the_running_job_finish_then_claims_nothing_until_undrain(service):
     service.start_worker("cpu")
     with service.client() as c:
@@ -49,6 +50,7 @@ def test_drain_lets_the_running_job_finish_then_claims_nothing_until_undrain(ser
         assert service.wait_state(waiting["id"], timeout=30)["state"] == "succeeded"
 
 
+@on_postgres_only
 def test_drain_names_what_is_wrong(service):
     with service.client() as c:
         r = c.post("/workers/no-such-worker/drain")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 
+from trainyard.app.client.http import tls
 from trainyard.app.launcher import free_port
 
 MLFLOW = Path(sys.executable).with_name("mlflow")  # the console script of the test extra's mlflow
@@ -42,7 +43,7 @@ class MlflowServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-3000:]}")
             try:
-                if httpx.get(f"{self.uri}/health", timeout=2).status_code == 200:
+                if httpx.get(f"{self.uri}/health", timeout=2, verify=tls()).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import httpx
 
 from tests.helpers.service import free_port
+from trainyard.app.client.http import tls
 
 
 @dataclass
@@ -45,7 +46,7 @@ def s3_server() -> Iterator[str]:
             if proc.poll() is not None:
                 raise RuntimeError(f"moto's S3 server exited with code {proc.returncode}")
             try:
-                httpx.get(f"{endpoint}/moto-api/", timeout=1)
+                httpx.get(f"{endpoint}/moto-api/", timeout=1, verify=tls())
                 break
             except httpx.TransportError:
                 if time.monotonic() > deadline:

@@ -7,6 +7,7 @@ import httpx
 from sqlalchemy.engine import Engine
 
 from trainyard.app import accounts
+from trainyard.app.client.http import tls
 from trainyard.app.core.settings import Settings
 from trainyard.app.db import make_engine
 
@@ -24,7 +25,7 @@ class Team:
 
     def client(self, user: str, **kw) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.tokens[user]}"},
-                            timeout=30, **kw)
+                            timeout=30, verify=tls(), **kw)
 
 
 def make_team(svc) -> Team:

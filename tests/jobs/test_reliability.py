@@ -6,10 +6,9 @@ import sqlite3
 import threading
 import time
 
-import httpx
 import pytest
 
-from tests.helpers.backends import on_both_backends
+from tests.helpers.backends import on_both_backends, on_postgres_only, on_sqlite_only
 from tests.helpers.jobs import slow_job, tiny_job
 from tests.helpers.processes import alive, job_pids
 from tests.helpers.service import Service, metrics, wait_checkpoint
@@ -95,6 +94,7 @@ def test_sigstop_worker_loses_lease_and_its_late_writes_change_nothing(service):
     assert a.poll() is None  # the paused worker survived and goes on serving
 
 
+@on_postgres_only
 def test_sigterm_requeues_without_using_an_attempt(service):
     a = service.start_worker("cpu")
     job = service.submit(slow_job(epochs=10))
@@ -110,6 +110,7 @@ def test_sigterm_requeues_without_using_an_attempt(service):
     assert [m["epoch"] for m in metrics(service, job["id"])] == list(range(1, 11))
 
 
+@on_sqlite_only
 def test_cancel_running_job_stops_its_process_and_worker_goes_on(service):
     service.start_worker("cpu")
     job = service.submit(slow_job(epochs=30))
@@ -127,6 +128,7 @@ def test_cancel_running_job_stops_its_process_and_worker_goes_on(service):
     assert final["state"] == "cancelled" and final["error"]["class"] == "cancelled"
 
 
+@on_sqlite_only
 def test_retry_resumes_a_cancelled_job_from_its_checkpoint(service):
     service.start_worker("cpu")
     job = service.submit(slow_job(epochs=8))
@@ -142,6 +144,7 @@ def test_retry_resumes_a_cancelled_job_from_its_checkpoint(service):
     assert [m["epoch"] for m in metrics(service, job["id"])] == list(range(1, 9))
 
 
+@on_sqlite_only
 def test_timeout_fails_the_job(service):
     service.start_worker("cpu")
     job = service.submit({**slow_job(epochs=200), "timeout_s": 2})
@@ -150,6 +153,7 @@ def test_timeout_fails_the_job(service):
     assert "timeout_s" in done["error"]["message"] and done["attempt"] == 1
 
 
+@on_sqlite_only
 def test_diverging_loss_fails_with_the_reason(service):
     service.start_worker("cpu")
     job = service.submit({**tiny_job(), "model": {"arch": "mlp", "hidden": [256, 256, 256]},
@@ -160,6 +164,7 @@ def test_diverging_loss_fails_with_the_reason(service):
     assert done["attempt"] == 1 and len(done["errors"]) == 1  # not retried
 
 
+@on_postgres_only
 def test_four_workers_drain_200_jobs_while_the_api_is_busy(service: Service) -> None:
     for _ in range(4):
         service.start_worker("cpu")
@@ -191,8 +196,9 @@ def test_four_workers_drain_200_jobs_while_the_api_is_busy(service: Service) -> 
     for t in submitters:
         t.join()
     try:
-        service.wait_until(lambda: httpx.get(f"{service.url}/jobs", params={"state": "succeeded", "limit": 1})
-                           .json()["count"] == 200, 600, "200 jobs to succeed")
+        with service.client() as c:
+            service.wait_until(lambda: c.get("/jobs", params={"state": "succeeded", "limit": 1}).json()["count"] == 200,
+                               600, "200 jobs to succeed")
     finally:
         stop.set()
         for t in readers:
@@ -207,6 +213,7 @@ def test_four_workers_drain_200_jobs_while_the_api_is_busy(service: Service) -> 
     assert logs.count("job process pid") == 200  # each job ran exactly once
 
 
+@on_postgres_only
 @pytest.mark.parametrize("sig", [signal.SIGINT])
 def test_sigint_is_a_graceful_stop_too(service, sig):
     a = service.start_worker("cpu")
@@ -218,6 +225,7 @@ def test_sigint_is_a_graceful_stop_too(service, sig):
     assert back["state"] == "queued" and back["attempt"] == 0
 
 
+@on_sqlite_only
 def test_a_checkpoint_that_cannot_be_read_starts_the_job_over_with_one_history(service):
     """The database points at a checkpoint its new worker cannot read (a lost disk, a host that never
     had it): the job starts over from epoch 1, says so, and keeps no metrics of the earlier run."""

@@ -9,7 +9,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from tests.helpers.backends import on_both_backends
+from tests.helpers.backends import on_both_backends, on_sqlite_only
 from tests.helpers.jobs import IRIS_JOB, tiny_job
 from tests.helpers.service import ROOT, Service
 from trainyard.app.spec import parse_spec
@@ -71,6 +71,7 @@ def test_iris_train_predict_and_artifact(service, tmp_path):
     assert torch.allclose(probs, torch.tensor([p["probabilities"] for p in out["predictions"]]), atol=1e-5)
 
 
+@on_sqlite_only
 def test_cnn_on_digits_reaches_90_percent(service):
     service.start_worker("cpu")
     job = service.submit({"kind": "train", "name": "digits-cnn", "model": {"arch": "cnn"},
@@ -135,6 +136,7 @@ def test_devices_workers_and_listing(service):
         assert examples["train"]["value"]["model"]["arch"] == "mlp"
 
 
+@on_sqlite_only
 def test_cli_submit_wait_status_download(service, tmp_path):
     service.start_worker("cpu")
     spec = tmp_path / "job.json"

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.helpers.backends import on_both_backends
+from tests.helpers.backends import on_both_backends, on_postgres_only, on_sqlite_only
 from tests.helpers.jobs import tiny_job
 from tests.helpers.service import ROOT
 from trainyard import Client
@@ -43,6 +43,7 @@ def test_events_stream_states_and_epochs_then_ends(service):
         assert c.get("/jobs/999/events").status_code == 404
 
 
+@on_postgres_only
 def test_a_reconnecting_client_resumes_after_the_last_event_id(service):
     service.start_worker("cpu")
     job = service.wait_state(service.submit(tiny_job(epochs=4))["id"])
@@ -56,6 +57,7 @@ def test_a_reconnecting_client_resumes_after_the_last_event_id(service):
     assert later[2]["data"]["state"] == "succeeded" and [e["id"] for e in later[:2]] == ["1.3", "1.4"]
 
 
+@on_sqlite_only
 def test_logs_hold_training_output_and_the_traceback(service):
     service.start_worker("cpu")
     ok = service.wait_state(service.submit(tiny_job(epochs=3))["id"])
@@ -68,6 +70,7 @@ def test_logs_hold_training_output_and_the_traceback(service):
         assert "Traceback" in log and bad["error"]["type"] in log
 
 
+@on_sqlite_only
 def test_prometheus_metrics(service):
     service.start_worker("cpu")
     service.wait_state(service.submit(tiny_job())["id"])
@@ -88,6 +91,7 @@ def test_prometheus_metrics(service):
         assert f"# TYPE {name} gauge" in text
 
 
+@on_sqlite_only
 def test_catalog(service):
     with service.client() as c:
         cat = c.get("/catalog").json()
@@ -97,6 +101,7 @@ def test_catalog(service):
     assert cat["schemas"]["train"]["properties"]["train"]
 
 
+@on_sqlite_only
 def test_cli_follow_and_watch(service, tmp_path):
     service.start_worker("cpu")
 

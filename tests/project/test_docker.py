@@ -23,6 +23,7 @@ import yaml
 from packaging.requirements import Requirement
 
 from tests.helpers.service import FAST_ENV, ROOT, free_port
+from trainyard.app.client.http import tls
 from trainyard.app.core.settings import Settings
 
 pytestmark = pytest.mark.slow  # starts the real server and workers
@@ -448,7 +449,7 @@ def wait_until(predicate, timeout: float, what: str, *procs: Logged) -> None:
 
 def healthy(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+        return httpx.get(f"{url}/healthz", timeout=2, verify=tls()).status_code == 200
     except httpx.TransportError:
         return False
 
@@ -463,7 +464,7 @@ def cmdline(pid: int) -> list[str]:
 
 
 def workers(url: str) -> list[dict]:
-    return httpx.get(f"{url}/workers", timeout=5).json()
+    return httpx.get(f"{url}/workers", timeout=5, verify=tls()).json()
 
 
 def start_api(start, env: dict) -> tuple[subprocess.Popen, str]:

@@ -19,6 +19,7 @@ from packaging.requirements import Requirement
 
 from tests.helpers.jobs import tiny_job
 from tests.helpers.service import ROOT, Service
+from trainyard.app.client.http import tls
 
 pytestmark = pytest.mark.slow
 
@@ -137,7 +138,7 @@ def test_server_cli_and_client_run_from_the_wheel_without_torch(wheel, tmp_path,
 
 def _answers(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        return httpx.get(f"{url}/healthz", timeout=1, verify=tls()).status_code == 200
     except httpx.TransportError:
         return False
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.helpers.backends import on_both_backends
+from tests.helpers.backends import on_both_backends, on_postgres_only, on_sqlite_only
 from tests.helpers.jobs import slow_job, tiny_job
 from tests.helpers.processes import alive, all_gone, job_pids, rank_pids
 from tests.helpers.service import metrics, wait_checkpoint
@@ -77,6 +77,7 @@ def test_sigkill_of_the_leading_worker_stops_every_rank_and_the_job_resumes(serv
     assert [m["epoch"] for m in metrics(service, job["id"])] == list(range(1, 17))
 
 
+@on_postgres_only
 def test_sigterm_checkpoints_every_rank_and_requeues_then_cancel_stops_them(service):
     service.start_worker("cpu")
     service.start_worker("cpu")
@@ -107,6 +108,7 @@ def test_sigterm_checkpoints_every_rank_and_requeues_then_cancel_stops_them(serv
     assert service.job(job["id"])["state"] == "cancelled"
 
 
+@on_sqlite_only
 def test_a_two_device_job_behind_a_stream_of_one_device_jobs_starts_before_those_after_it(service):
     service.start_worker("cpu")
     service.start_worker("cpu")
