@@ -1,5 +1,6 @@
 """Shared fixtures: the service a test starts on a fresh data dir and database (`service`), a module's shared
-one (`live`), databases on each backend, an S3 bucket. Plain helpers live in tests/helpers/."""
+one (`live`), databases on each backend, an S3 bucket; and the order the files run in (the longest first).
+Plain helpers live in tests/helpers/."""
 import pytest
 
 from tests.helpers.backends import BACKENDS, fresh_database

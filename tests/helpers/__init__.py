@@ -3,7 +3,7 @@ from another test file.
 
 - service: the real service on a free port (Service, serving, live_service: a module's `live` fixture)
   and what a test reads of it over HTTP
-- backends: SQLite and PostgreSQL (BACKENDS, on_both_backends, fresh_database)
+- backends: SQLite and PostgreSQL (BACKENDS, on_both_backends, on_sqlite_only, on_postgres_only, fresh_database)
 - jobs: tiny job presets; data: files to upload
 - runner: a job run in this process or in a job process of its own, without a worker
 - processes: whether a process lives, a job's process ids, memory of a process
