@@ -22,9 +22,9 @@ def pytest_collection_modifyitems(items):
         return item.nodeid.split("::")[0].removeprefix("tests/")
     rank: dict[str, int] = {}
     for item in items:
-        r = LONGEST.index(module(item)) if module(item) in LONGEST else \
-            len(LONGEST) + (0 if item.get_closest_marker("slow") else 1)
-        rank[module(item)] = min(r, rank.get(module(item), r))
+        path = module(item)
+        r = LONGEST.index(path) if path in LONGEST else len(LONGEST) + (0 if item.get_closest_marker("slow") else 1)
+        rank[path] = min(r, rank.get(path, r))
     items.sort(key=lambda item: rank[module(item)])  # stable: a module's tests keep their order
 
 

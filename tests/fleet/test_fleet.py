@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.helpers.backends import on_both_backends, on_postgres_only
+from tests.helpers.backends import on_both_backends, on_postgres_only, on_sqlite_only
 from tests.helpers.jobs import slow_job, tiny_job
 from trainyard.app.core.settings import Settings
 from trainyard.app.db import make_engine, migrate
@@ -119,7 +119,7 @@ def test_workers_share_one_device_budget_and_a_job_too_big_for_any_says_why(serv
         cl.post(f"/jobs/{big['id']}/cancel")
 
 
-@pytest.mark.parametrize("service_backend", ["sqlite"])  # the database plays no part in it
+@on_sqlite_only  # the database plays no part in it
 def test_a_worker_that_cannot_use_its_device_registers_unavailable_and_its_jobs_wait_saying_why(service):
     """`trainyard worker --device cuda:0` on a host where CUDA does not work (this machine: a CUDA 13 torch,
     no NVIDIA driver): the worker registers as unavailable with the cause and the fix, claims nothing, and a
