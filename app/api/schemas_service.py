@@ -50,7 +50,8 @@ class Gpu(BaseModel):
 
 class Cpu(BaseModel):
     model_config = OPEN
-    cores: int | None = None
+    cores: int | None = Field(None, description="the cores a worker here may use: its CPU affinity, or its "
+                              "container's CPU quota (--cpus, limits.cpu) in whole cores where fewer")
     memory_total: int | None = Field(None, description="bytes: the host's, or its container's limit where lower")
     memory_available: int | None = Field(None, description="bytes a new process could still take: the host's "
                                          "MemAvailable, or what the container's limit leaves where less")

@@ -8,14 +8,13 @@ allocator's view comes from worker heartbeats.
 """
 import importlib.metadata
 import importlib.util
-import os
 import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from trainyard.app.core import device_names
-from trainyard.app.fleet import host_memory, nvml
+from trainyard.app.fleet import host_cpu, host_memory, nvml
 from trainyard.app.fleet.gpu_order import bare_uuid, torch_order, visible_indices
 from trainyard.app.fleet.nvml import GPU_FIELDS
 
@@ -43,9 +42,9 @@ def torch_build_info() -> dict[str, Any]:
 
 
 def cpu_info() -> dict[str, Any]:
-    """The cores, and the memory this process's cgroup may use (a container's, not its host's)."""
+    """The cores and the memory this process's cgroup may use (a container's, not its host's)."""
     total, available = host_memory.reading()
-    return {"cores": os.cpu_count(), "memory_total": total, "memory_available": available}
+    return {"cores": host_cpu.cores(), "memory_total": total, "memory_available": available}
 
 
 def host_reading(device: str, torch_uuids: list[str | None] | None = None) -> dict[str, Any]:

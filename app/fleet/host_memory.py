@@ -2,7 +2,7 @@
 memory limits of this process's cgroup and its ancestors (a container's --memory, a pod's limits.memory),
 past which the kernel kills a process of the container, whatever the host has free. The worker reckons its
 jobs' default budget from total(); /devices and the heartbeat's host reading show reading(): total and
-available.
+available. Which cgroup directories count for this process is cgroup_dirs()'s, for the CPU quota too.
 """
 import os
 from dataclasses import dataclass
@@ -49,7 +49,7 @@ def limits(root: Path = ROOT, own: Path = OWN) -> list[Limit]:
     """The memory limits over this process: cgroup v2's memory.max at every level (each caps what is below
     it), v1's hierarchical_memory_limit (which already sums up its ancestors')."""
     found: list[Limit] = []
-    for version, d in _places(root, own):
+    for version, d in cgroup_dirs(root, own, "memory"):
         if version == 2 and (limit := _number(d / "memory.max")) is not None:
             found.append(Limit(limit, _working_set(_number(d / "memory.current"), d, "inactive_file")))
         elif version == 1 and (limit := _stat(d / "memory.stat", "hierarchical_memory_limit")) is not None:
@@ -57,12 +57,13 @@ def limits(root: Path = ROOT, own: Path = OWN) -> list[Limit]:
     return found
 
 
-@lru_cache(maxsize=8)
-def _places(root: Path, own: Path) -> tuple[tuple[int, Path], ...]:
-    """The cgroup directories whose memory files count for this process, each with its cgroup version. Found
-    once: read at every heartbeat, and a process's cgroups do not change under it. A cgroup namespace (a
-    container's) mounts its own cgroup at root: a path /proc/self/cgroup names that is not there is looked for
-    by its tail."""
+@lru_cache(maxsize=16)
+def cgroup_dirs(root: Path, own: Path, controller: str) -> tuple[tuple[int, Path], ...]:
+    """The cgroup directories whose files of controller ("memory", "cpu") count for this process, each with its
+    cgroup version: v2's cgroup and every ancestor, v1's cgroup in that controller's hierarchy. Found once: read
+    at every heartbeat, and a process's cgroups do not change under it. A cgroup namespace (a container's)
+    mounts its own cgroup at root: a path /proc/self/cgroup names that is not there is looked for by its tail.
+    app/fleet/host_cpu.py reads the CPU quota through it."""
     try:
         lines = own.read_text().splitlines()
     except OSError:
@@ -77,8 +78,10 @@ def _places(root: Path, own: Path) -> tuple[tuple[int, Path], ...]:
             base = root if (root / "cgroup.controllers").exists() else root / "unified"
             d = _existing(base, parts)
             found += [(2, level) for level in (d, *d.parents) if level.is_relative_to(base)]
-        elif "memory" in controllers.split(","):
-            found.append((1, _existing(root / "memory", parts)))
+        elif controller in controllers.split(","):
+            # v1 mounts a hierarchy per controller set ("cpu,cpuacct"), usually with a link per controller.
+            base = root / controllers if (root / controllers).is_dir() else root / controller
+            found.append((1, _existing(base, parts)))
     return tuple(found)
 
 

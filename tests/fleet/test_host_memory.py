@@ -1,18 +1,12 @@
 """This host's memory as a process may use it (app/fleet/host_memory.py): the kernel's files as cgroup v1 and
 v2 write them, and this process's own reading. A real worker in a real memory cgroup is
-tests/worker/test_cgroup_memory.py's."""
+tests/worker/test_cgroups.py's."""
 from pathlib import Path
 
+from tests.helpers.cgroups import tree
 from trainyard.app.fleet import host_memory
 
 GiB = 1 << 30
-
-
-def tree(root: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    return root
 
 
 def test_v2_the_lowest_limit_of_the_cgroup_and_its_ancestors(tmp_path):

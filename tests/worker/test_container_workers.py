@@ -23,7 +23,7 @@ from tests.helpers.jobs import tiny_job
 from tests.helpers.runner import job_record
 from tests.helpers.service import ROOT, Service
 from trainyard.app.core.settings import Settings
-from trainyard.app.fleet import gpu_order
+from trainyard.app.fleet import gpu_order, host_cpu
 from trainyard.worker.supervisor import prepare, status_file
 
 HEALTHCHECK = ROOT / "docker" / "healthcheck.py"
@@ -196,7 +196,7 @@ def test_the_listing_names_each_visible_entry_by_its_uuid():
 def test_a_cuda_jobs_threads_share_the_hosts_cores_with_its_other_workers(tmp_path):
     """Eight GPU workers on one host: each CUDA job gets its part of the cores, as CPU jobs do, not all of them."""
     settings = Settings(data_dir=tmp_path, node_name="gpu-host")
-    cores = prepare.usable_cores()
+    cores = host_cpu.cores()
 
     def threads(workers: int) -> int | None:
         here = {"all": [{"device": "cuda:0"}] * workers, "cpu": []}

@@ -9,6 +9,7 @@ import pytest
 from tests.helpers.jobs import tiny_job
 from tests.helpers.runner import job_record
 from trainyard.app.core.settings import Settings
+from trainyard.app.fleet import host_cpu
 from trainyard.worker.supervisor import prepare
 
 
@@ -28,12 +29,12 @@ def one_core():
 
 
 def test_cpu_jobs_share_the_cores_the_worker_may_use_not_every_core_of_the_machine(tmp_path, one_core):
-    assert prepare.usable_cores() == 1
+    assert host_cpu.cores() == 1
     assert plan(tmp_path, job_record(tiny_job())).threads == 1
 
 
 def test_cpu_jobs_share_a_hosts_cores_among_its_cpu_workers(tmp_path):
-    cores = len(os.sched_getaffinity(0))
+    cores = host_cpu.cores()
     assert plan(tmp_path, job_record(tiny_job())).threads == cores
     assert plan(tmp_path, job_record(tiny_job()), cpu_workers=cores * 2).threads == 1
 

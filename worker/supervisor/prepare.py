@@ -4,7 +4,6 @@ and its share of the host (torch threads, memory budget, GPU memory fraction). T
 The worker (worker/supervisor/main.py) calls plan_job() once per claimed job; the job process gets only the
 JobPlan it returns (worker/supervisor/plan.py).
 """
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 
 from trainyard.app.core.layout import ARTIFACT_FILES, UPLOAD_DATA_FILE, UPLOAD_META_FILE
 from trainyard.app.core.settings import Settings
-from trainyard.app.fleet import gpu_order, host_memory, placement, spread
+from trainyard.app.fleet import gpu_order, host_cpu, host_memory, placement, spread
 from trainyard.app.records import Job, job_reads
 from trainyard.app.spec import uploads_named
 from trainyard.worker.supervisor import memory
@@ -51,20 +50,12 @@ def plan_job(job: Job, settings: Settings, device: str, db: Callable[..., Any], 
 
 
 def job_threads(device: str, here: dict[str, list]) -> int:
-    """A job's torch threads: the cores this worker may use, shared among the host's workers. A CPU job shares
-    them with the CPU workers' jobs; a CUDA job's host side (data loading, CPU ops, the optimizer where it runs
-    there) with every live worker's: left to torch, each of eight GPU workers' jobs takes every core."""
+    """A job's torch threads: the cores this worker may use (its affinity, its cgroup's CPU quota where lower:
+    app/fleet/host_cpu.py), shared among the host's workers. A CPU job shares them with the CPU workers' jobs; a
+    CUDA job's host side (data loading, CPU ops, the optimizer where it runs there) with every live worker's:
+    left to torch, each of eight GPU workers' jobs takes every core."""
     sharing = here["cpu"] if device == "cpu" else here["all"]
-    return max(1, usable_cores() // max(1, len(sharing)))
-
-
-def usable_cores() -> int:
-    """The cores this worker may run on: its CPU affinity (a container's cpuset, `taskset`), not every core of
-    the machine, or CPU jobs sized for the machine oversubscribe the cores they were given."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # no sched_getaffinity (macOS)
-        return os.cpu_count() or 1
+    return max(1, host_cpu.cores() // max(1, len(sharing)))
 
 
 def scratch(settings: Settings, job: Job) -> Path | None:
