@@ -4,6 +4,8 @@ jobs' torch threads from the quota's whole cores, and /devices shows both. A rea
 kernel's files as cgroup v1 and v2 write them are tests/fleet/test_host_memory.py's and test_host_cpu.py's."""
 import os
 import re
+from contextlib import AbstractContextManager
+from pathlib import Path
 
 import pytest
 
@@ -16,11 +18,11 @@ why_not = unavailable()  # once: it makes and removes a probe cgroup
 why_not_cpu = unavailable("cpu")
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(why_not is not None, reason=str(why_not))
-def test_a_worker_in_a_memory_cgroup_gives_its_jobs_a_share_of_the_cgroup_limit_and_shows_it(tmp_path):
-    svc = Service(tmp_path / "data")
-    with memory_cgroup(3 * GiB) as run_in_it:
+def one_job_in(cgroup: AbstractContextManager[list[str]], data_dir: Path) -> tuple[str, dict]:
+    """A server here and one CPU worker in cgroup run a tiny job: its log, and /devices' one host (its
+    heartbeat's reading)."""
+    svc = Service(data_dir)
+    with cgroup as run_in_it:
         try:
             svc.start_server()
             svc.start_worker("cpu", wrap=run_in_it)
@@ -28,9 +30,16 @@ def test_a_worker_in_a_memory_cgroup_gives_its_jobs_a_share_of_the_cgroup_limit_
             assert job["state"] == "succeeded", job
             with svc.client() as c:
                 log = c.get(f"/jobs/{job['id']}/logs").text
-                (host,) = c.get("/devices").json()["hosts"]  # its heartbeat's reading of the one host here
+                (host,) = c.get("/devices").json()["hosts"]
         finally:
             svc.stop()
+    return log, host
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(why_not is not None, reason=str(why_not))
+def test_a_worker_in_a_memory_cgroup_gives_its_jobs_a_share_of_the_cgroup_limit_and_shows_it(tmp_path):
+    log, host = one_job_in(memory_cgroup(3 * GiB), tmp_path / "data")
     budget = re.search(r"memory budget ([\d.]+) GiB", log)
     assert budget and float(budget.group(1)) == pytest.approx(0.8 * 3, abs=0.01), log  # one live worker here
     assert host["cpu"]["memory_total"] == 3 * GiB
@@ -43,17 +52,6 @@ def test_a_worker_in_a_memory_cgroup_gives_its_jobs_a_share_of_the_cgroup_limit_
 def test_a_worker_under_a_cpu_quota_gives_its_jobs_the_quotas_cores_and_shows_them(tmp_path):
     """`docker --cpus 1.5` (a pod's limits.cpu: 1500m) on a host of two cores or more: one torch thread a job,
     not one a core of the host that the quota would stop for part of every period."""
-    svc = Service(tmp_path / "data")
-    with cpu_cgroup(1.5) as run_in_it:
-        try:
-            svc.start_server()
-            svc.start_worker("cpu", wrap=run_in_it)
-            job = svc.wait_state(svc.submit(tiny_job())["id"], timeout=120)
-            assert job["state"] == "succeeded", job
-            with svc.client() as c:
-                log = c.get(f"/jobs/{job['id']}/logs").text
-                (host,) = c.get("/devices").json()["hosts"]
-        finally:
-            svc.stop()
+    log, host = one_job_in(cpu_cgroup(1.5), tmp_path / "data")
     assert ", 1 torch threads" in log, log
     assert host["cpu"]["cores"] == 1
