@@ -18,20 +18,19 @@ LIMITS = {"memory": ("memory.limit_in_bytes", "memory.max"),
 PERIOD_US = 100_000  # the kernel's default CFS period
 
 
-def _parent(controller: str) -> tuple[Path, str] | None:
-    """(this process's cgroup directory of controller, the file its limit is written to), or None where none can
-    be made here (not root, no such controller, or v2 without it delegated to children)."""
+def _parent(controller: str) -> tuple[Path, int] | None:
+    """(this process's cgroup directory of controller, its cgroup version), or None where none can be made here
+    (not root, no such controller, or v2 without it delegated to children)."""
     if os.geteuid() != 0:
         return None
-    v1, v2 = LIMITS[controller]
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         if controller in controllers.split(",") and (ROOT / controller / path.lstrip("/")).is_dir():
-            return ROOT / controller / path.lstrip("/"), v1
+            return ROOT / controller / path.lstrip("/"), 1
         if controllers == "" and (ROOT / "cgroup.controllers").exists():
             d = ROOT / path.lstrip("/")
             if controller in (d / "cgroup.subtree_control").read_text().split():
-                return d, v2
+                return d, 2
     return None
 
 
@@ -50,26 +49,27 @@ def unavailable(controller: str = "memory") -> str | None:
 
 def memory_cgroup(limit_bytes: int) -> AbstractContextManager[list[str]]:
     """A cgroup limited to limit_bytes of memory: see _cgroup."""
-    return _cgroup("memory", str(limit_bytes))
+    return _cgroup("memory", str(limit_bytes), str(limit_bytes))
 
 
 def cpu_cgroup(cores: float) -> AbstractContextManager[list[str]]:
     """A cgroup whose CPU quota is cores (as `docker --cpus`): see _cgroup."""
     quota = round(cores * PERIOD_US)
-    parent = _parent("cpu")
-    return _cgroup("cpu", f"{quota} {PERIOD_US}" if parent and parent[1] == "cpu.max" else str(quota))
+    return _cgroup("cpu", str(quota), f"{quota} {PERIOD_US}")
 
 
 @contextmanager
-def _cgroup(controller: str, limit: str) -> Iterator[list[str]]:
-    """A cgroup whose controller's limit file holds limit; yields the argv prefix that runs a command in it (it
-    execs the rest, keeping its pid). On leaving, what still runs there is killed and the cgroup removed."""
+def _cgroup(controller: str, v1_limit: str, v2_limit: str) -> Iterator[list[str]]:
+    """A cgroup whose controller's limit file holds its limit, as cgroup v1 or v2 writes it; yields the argv prefix
+    that runs a command in it (it execs the rest, keeping its pid). On leaving, what still runs there is killed
+    and the cgroup removed."""
     parent = _parent(controller)
     assert parent is not None, unavailable(controller)
-    d = parent[0] / f"trainyard-test-{secrets.token_hex(3)}"
+    where, version = parent
+    d = where / f"trainyard-test-{secrets.token_hex(3)}"
     d.mkdir()
     try:
-        (d / parent[1]).write_text(limit)
+        (d / LIMITS[controller][version - 1]).write_text(v1_limit if version == 1 else v2_limit)
         yield ["sh", "-c", f'echo $$ > {d}/cgroup.procs && exec "$@"', "sh"]
     finally:
         deadline = time.monotonic() + 10
