@@ -103,7 +103,9 @@ def one_worker(request, tmp_path):
 @pytest.mark.slow
 def test_a_high_priority_job_preempts_and_the_victim_resumes_exactly(one_worker):
     svc, grace_s = one_worker, float(FAST_ENV["TRAINYARD_GRACE_S"])
-    spec = slow_job(epochs=20, seed=7)
+    # 100 epochs: about 6 s on a fast 2-core machine, well past the ~1.5 s a preemption takes (at 20, the 1.3 s run
+    # could end before its preemption did, and a fresh clone's run failed on it).
+    spec = slow_job(epochs=100, seed=7)
     alone = svc.wait_state(svc.submit(spec)["id"], timeout=240)
     assert alone["state"] == "succeeded"
     victim = svc.submit(spec)["id"]
