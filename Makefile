@@ -13,6 +13,21 @@ define need_311
 	  $(2) exit 1; }
 endef
 
+# Free space before the big installs: torch's CUDA builds fill several GB, and pip unpacks them under TMPDIR first.
+# A clear error before a download, naming what is needed, rather than pip's "No space left on device" halfway.
+# $(1) what is installed, $(2) GB it takes where the venv is, $(3) GB pip unpacks under TMPDIR (same disk: the sum),
+# $(4) a command that succeeds where it is installed already (no check then).
+define need_space
+	@$(if $(4),$(4) >/dev/null 2>&1 && exit 0;) venv_fs=$$(df -P $(VENV) | awk 'NR==2 {print $$1}'); tmp_fs=$$(df -P $${TMPDIR:-/tmp} | awk 'NR==2 {print $$1}'); \
+	need=$(2); [ "$$venv_fs" = "$$tmp_fs" ] && need=$$(($(2) + $(3))); \
+	free=$$(df -Pk $(VENV) | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	tmp_free=$$(df -Pk $${TMPDIR:-/tmp} | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	if [ "$$free" -lt "$$need" ] || [ "$$tmp_free" -lt $(3) ]; then \
+	  echo "$(1) needs about $(2) GB in $(VENV) and $(3) GB under $${TMPDIR:-/tmp} while pip installs it:" >&2; \
+	  echo "$$free GB free where $(VENV) is, $$tmp_free GB under $${TMPDIR:-/tmp}. Free some space (other checkouts' .venv)," >&2; \
+	  echo "or point TMPDIR at a disk with room." >&2; exit 1; fi
+endef
+
 .PHONY: setup run lint test bench gpu-check clean
 
 $(BIN)/python:
@@ -47,6 +62,7 @@ TORCHVISION_FLOOR ?= 0.24.1
 FLOOR_STAMP := $(VENV)/torch-floor/.installed
 $(FLOOR_STAMP): pyproject.toml examples/plugin/pyproject.toml | $(BIN)/python
 	$(PYTHON) -m venv --clear $(VENV)/torch-floor
+	$(call need_space,The torch floor's venv (torch $(TORCH_FLOOR)'s CUDA build),9,5)
 	printf 'torch==%s\ntorchvision==%s\n' $(TORCH_FLOOR) $(TORCHVISION_FLOOR) > $(VENV)/torch-floor/constraints.txt
 	$(VENV)/torch-floor/bin/pip install --quiet --disable-pip-version-check -c $(VENV)/torch-floor/constraints.txt \
 	  'setuptools>=77' -e '.[test]'
@@ -57,6 +73,7 @@ $(FLOOR_STAMP): pyproject.toml examples/plugin/pyproject.toml | $(BIN)/python
 # a dataset, an entrypoint), which the README's walk-through uses. No test tools, no browser.
 $(BIN)/.installed-run: pyproject.toml examples/plugin/pyproject.toml | $(BIN)/python
 	$(call need_311,$(BIN)/python,echo "$(VENV) was made with another Python: make clean first." >&2;)
+	$(call need_space,The worker's torch,6,4,$(BIN)/python -c 'import torch')
 	$(BIN)/pip install --quiet -e '.[worker]'
 	$(BIN)/pip install --quiet --no-build-isolation -e examples/plugin
 	touch $@
