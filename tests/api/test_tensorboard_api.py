@@ -165,19 +165,20 @@ def test_event_files_count_in_the_projects_storage_and_go_with_the_job(live, tmp
 
 def test_a_job_killed_and_resumed_shows_each_epoch_once(service):
     first = service.start_worker("cpu")
-    # A checkpoint at epoch 6 only: a kill after epoch 7 loses epochs that the resumed run reports again.
-    job = service.submit(slow_job(epochs=12, checkpoint_every=6))
-    service.wait_until(lambda: service.job(job["id"])["checkpoint_epoch"] == 6
-                       and len(metrics(service, job["id"])) >= 7, 240, "epoch 7, past the checkpoint of epoch 6")
+    # A checkpoint at epoch 15 only: a kill after epoch 16 loses epochs that the resumed run reports again. The
+    # kill must land within epochs 16-29 (under a second on a fast machine; 5 epochs were too few to be sure of).
+    job = service.submit(slow_job(epochs=30, checkpoint_every=15))
+    service.wait_until(lambda: service.job(job["id"])["checkpoint_epoch"] == 15
+                       and len(metrics(service, job["id"])) >= 16, 240, "epoch 16, past the checkpoint of epoch 15")
     os.kill(first.pid, signal.SIGKILL)
     service.start_worker("cpu")
     done = service.wait_state(job["id"], timeout=300)
     assert done["state"] == "succeeded" and done["runs"] == 2, done
-    assert done["result"]["resumed_from_epoch"] == 6
+    assert done["result"]["resumed_from_epoch"] == 15
     folder = service.data_dir / "tensorboard" / str(job["id"])
     killed, resumed = sorted(folder.iterdir(), key=lambda p: p.name.rpartition(".run-")[2])  # a file per claim
     assert killed.name.endswith(".run-1") and resumed.name.endswith(".run-2")
-    assert max(s.step for s in read_folder(killed).Scalars("train_loss")) > 6  # epochs lost, and run again
+    assert max(s.step for s in read_folder(killed).Scalars("train_loss")) > 15  # epochs lost, and run again
     acc = read_folder(folder)
-    assert [s.step for s in acc.Scalars("train_loss")] == list(range(1, 13))  # each epoch once
+    assert [s.step for s in acc.Scalars("train_loss")] == list(range(1, 31))  # each epoch once
     same_as_metrics(acc, metrics(service, job["id"]))  # the first run's numbers up to its checkpoint, the second's on

@@ -134,7 +134,8 @@ def test_a_bad_path_is_refused_naming_the_field(live, tmp_path):
 @pytest.mark.slow
 def test_cancel_ends_a_following_sweep_with_exit_1(live, tmp_path):
     long = {**grid("cancelled"), "method": "random", "max_trials": 50, "max_concurrent": 1,
-            "job": {**IRIS, "train": {**IRIS["train"], "epochs": 2000}},
+            # The longest a trial may be (about 5 s): trial 0 is still running when the cancel, a new process, lands.
+            "job": {**IRIS, "train": {**IRIS["train"], "epochs": 10_000}},
             "parameters": {"train.lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True}}}
     follow = subprocess.Popen([sys.executable, "-m", "trainyard", "sweep", write(tmp_path, long), "--follow"],
                               cwd=ROOT, env={**live.env, "COLUMNS": "200"}, stdout=subprocess.PIPE,

@@ -96,8 +96,9 @@ def test_workers_share_one_device_budget_and_a_job_too_big_for_any_says_why(serv
         return {**job, "device": "auto", "resources": {"gpu_memory_gb": gb}}
 
     big = service.submit(needing(20, tiny_job()))
-    a = service.submit(needing(6, slow_job(epochs=10)))
-    c = service.submit(needing(3, slow_job(epochs=10)))
+    # Long enough (a few seconds) to be still running, side by side, when b's state is read.
+    a = service.submit(needing(6, slow_job(epochs=30)))
+    c = service.submit(needing(3, slow_job(epochs=30)))
     b = service.submit(needing(6, tiny_job()))
     service.wait_state(a["id"], "running")
     service.wait_state(c["id"], "running")

@@ -200,26 +200,27 @@ def test_a_job_killed_and_resumed_is_one_run_with_each_epoch_once(tracker, tmp_p
     with fresh_database("postgres", "mlflow") as url, \
             serving(tmp_path / "data", workers=0, env=tracked_env(tracker), database_url=url) as svc:
         first = svc.start_worker("cpu")
-        # A checkpoint at epoch 6 only: a kill after epoch 7 loses an epoch that the resumed run reports again.
-        job = svc.submit({**slow_job(epochs=12, checkpoint_every=6), "tracking": {"experiment": "resumed"}})
-        svc.wait_until(lambda: svc.job(job["id"])["checkpoint_epoch"] == 6 and len(metrics(svc, job["id"])) >= 7,
-                       240, "epoch 7, past the checkpoint of epoch 6")
+        # A checkpoint at epoch 15 only: a kill after epoch 16 loses epochs that the resumed run reports again. The
+        # kill must land within epochs 16-29 (under a second on a fast machine).
+        job = svc.submit({**slow_job(epochs=30, checkpoint_every=15), "tracking": {"experiment": "resumed"}})
+        svc.wait_until(lambda: svc.job(job["id"])["checkpoint_epoch"] == 15 and len(metrics(svc, job["id"])) >= 16,
+                       240, "epoch 16, past the checkpoint of epoch 15")
         os.kill(first.pid, signal.SIGKILL)
-        # Until it ends, the tracker gets the epochs its checkpoint holds for good (1-6), and not epoch 7, which
-        # the resumed run does again.
+        # Until it ends, the tracker gets the epochs its checkpoint holds for good (1-15), and not epoch 16 on,
+        # which the resumed run does again.
         svc.wait_until(lambda: (svc.job(job["id"])["tracking"]["mlflow"] or {}).get("run_id") and len(
-            client.get_metric_history(svc.job(job["id"])["tracking"]["mlflow"]["run_id"], "val_loss")) >= 6,
-            30, "epochs 1-6 in the run")
+            client.get_metric_history(svc.job(job["id"])["tracking"]["mlflow"]["run_id"], "val_loss")) >= 15,
+            30, "epochs 1-15 in the run")
         time.sleep(2)  # two more passes of the sender: nothing more is sent
         running = svc.job(job["id"])["tracking"]["mlflow"]
-        assert [m.step for m in client.get_metric_history(running["run_id"], "val_loss")] == list(range(1, 7))
+        assert [m.step for m in client.get_metric_history(running["run_id"], "val_loss")] == list(range(1, 16))
         assert running["complete"] is False and client.get_run(running["run_id"]).info.status == "RUNNING"
         svc.start_worker("cpu")
         done = svc.wait_state(job["id"], timeout=300)
-        assert done["state"] == "succeeded" and done["runs"] == 2 and done["result"]["resumed_from_epoch"] == 6, done
+        assert done["state"] == "succeeded" and done["runs"] == 2 and done["result"]["resumed_from_epoch"] == 15, done
         ended = tracked_run(svc, job["id"])
         assert ended["run_id"] == running["run_id"]  # the same run, continued
-        assert [m.step for m in client.get_metric_history(ended["run_id"], "val_loss")] == list(range(1, 13))
+        assert [m.step for m in client.get_metric_history(ended["run_id"], "val_loss")] == list(range(1, 31))
         same_as_metrics(client, ended["run_id"], metrics(svc, job["id"]))
         experiment = client.get_experiment_by_name("resumed")
         assert len(client.search_runs([experiment.experiment_id])) == 1
@@ -228,7 +229,8 @@ def test_a_job_killed_and_resumed_is_one_run_with_each_epoch_once(tracker, tmp_p
 
 def test_the_tracker_down_never_holds_a_job_up_and_its_run_completes_when_it_is_back(live, tracker):
     client = tracker.client()
-    job = live.submit({**slow_job(epochs=8, checkpoint_every=1), "tracking": {"experiment": "outage"}})
+    # Long enough (about 1.5 s) that the tracker is down before the sender could have sent the whole run.
+    job = live.submit({**slow_job(epochs=24, checkpoint_every=1), "tracking": {"experiment": "outage"}})
     live.wait_until(lambda: ((live.job(job["id"]).get("tracking") or {}).get("mlflow") or {}).get("run_id")
                     and len(client.get_metric_history(live.job(job["id"])["tracking"]["mlflow"]["run_id"],
                                                       "val_loss")) >= 1, 120, "the run's first epoch")
@@ -251,7 +253,7 @@ def test_the_tracker_down_never_holds_a_job_up_and_its_run_completes_when_it_is_
     ended = tracked_run(live, job["id"], timeout=60)
     print(f"run complete {time.monotonic() - t0:.1f} s after the tracker came back")
     assert ended["error"] is None and ended["status"] == "FINISHED"
-    assert [m.step for m in client.get_metric_history(ended["run_id"], "val_loss")] == list(range(1, 9))
+    assert [m.step for m in client.get_metric_history(ended["run_id"], "val_loss")] == list(range(1, 25))
     same_as_metrics(client, ended["run_id"], metrics(live, job["id"]))
     with live.client() as c:
         assert "trainyard_tracking_backlog_runs 0.0" in c.get("/metrics").text

@@ -37,7 +37,7 @@ def test_a_job_killed_on_one_host_resumes_on_another_from_the_bucket(tmp_path, b
             assert f"trainyard/datasets/uploads/{upload['id']}/data.npz" in bucket.keys()
 
             a = api.start_worker("cpu", env=host(tmp_path, "host-a"))
-            job = api.submit(slow_job(epochs=10))
+            job = api.submit(slow_job(epochs=20))  # 18 epochs left for the kill to land in
             wait_checkpoint(api, job["id"], 2)
             os.kill(a.pid, signal.SIGKILL)
             killed = api.job(job["id"])
@@ -50,7 +50,7 @@ def test_a_job_killed_on_one_host_resumes_on_another_from_the_bucket(tmp_path, b
             assert done["state"] == "succeeded" and done["runs"] == 2, done
             resumed = done["result"]["resumed_from_epoch"]
             assert resumed is not None and resumed >= killed["checkpoint_epoch"]
-            assert [m["epoch"] for m in metrics(api, job["id"])] == list(range(1, 11))
+            assert [m["epoch"] for m in metrics(api, job["id"])] == list(range(1, 21))
             # Host B resumed from the bucket's copy of host A's checkpoint; the job's checkpoints are
             # deleted from the bucket once it has succeeded.
             assert not [k for k in bucket.keys() if k.startswith(f"trainyard/checkpoints/{job['id']}/")]
@@ -89,7 +89,7 @@ def test_a_run_taken_over_leaves_the_next_runs_log_in_the_bucket_as_it_was(tmp_p
         a = None
         try:
             a = api.start_worker("cpu", env=host(tmp_path, "host-a"))
-            job = api.submit(slow_job(epochs=4))
+            job = api.submit(slow_job(epochs=16))  # host A must still be running it when it is stopped
             wait_checkpoint(api, job["id"], 1)
             os.kill(a.pid, signal.SIGSTOP)
             api.start_worker("cpu", env=host(tmp_path, "host-b"))
