@@ -35,7 +35,7 @@ def test_two_workers_on_postgres_run_each_job_once(pg_service):
 def test_dropped_database_connections_do_not_lose_the_job(pg_service):
     """Every session of the service is killed by the database mid-training (as in a failover)."""
     pg_service.start_worker("cpu")
-    job = pg_service.submit(slow_job(epochs=6))
+    job = pg_service.submit(slow_job(epochs=20))  # the sessions are killed while it trains, not after
     pg_service.wait_until(lambda: pg_service.job(job["id"])["progress"]["epoch"] >= 1, 120, "first epoch")
     with psycopg.connect(ADMIN, autocommit=True) as c:
         killed = c.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
@@ -44,5 +44,5 @@ def test_dropped_database_connections_do_not_lose_the_job(pg_service):
     done = pg_service.wait_state(job["id"], timeout=240)
     assert done["state"] == "succeeded" and done["runs"] == 1, done
     with pg_service.client() as c:
-        assert [m["epoch"] for m in c.get(f"/jobs/{job['id']}/metrics").json()] == list(range(1, 7))
+        assert [m["epoch"] for m in c.get(f"/jobs/{job['id']}/metrics").json()] == list(range(1, 21))
     assert all(p.poll() is None for p in pg_service.workers)

@@ -30,10 +30,11 @@ def test_drain_lets_the_running_job_finish_then_claims_nothing_until_undrain(ser
     service.start_worker("cpu")
     with service.client() as c:
         [worker] = c.get("/workers").json()
-        running = service.submit(slow_job(epochs=6))
+        running = service.submit(slow_job(epochs=20))  # a second or more: the drain lands while it runs
         service.wait_state(running["id"], "running")
         r = c.post(f"/workers/{worker['id']}/drain")
         assert r.status_code == 200 and r.json()["draining"] is True and r.json()["id"] == worker["id"]
+        assert c.get(f"/jobs/{running['id']}").json()["state"] == "running"
         waiting = service.submit(tiny_job())
         assert service.wait_state(running["id"])["state"] == "succeeded"  # what it ran, it finishes
         time.sleep(2)  # an idle worker polls every 20 ms: it would have taken the job by now
