@@ -82,6 +82,7 @@ def api(document, tmp_path_factory):
             del sys.modules[name]
 
 
+@pytest.mark.slow  # 12 s generating the client: the full suite's, not the quick loop's
 def test_every_generated_module_imports(api):
     modules = [m.name for m in pkgutil.walk_packages(api.__path__, "ty_api.")]
     assert "ty_api.api.session.sign_in" in modules and "ty_api.api.jobs.job_result" in modules

@@ -129,6 +129,7 @@ def test_the_two_host_check_runs_here_on_the_cpu_and_leaves_no_host_behind():
     assert f"ty{tag[1]}v" not in links and f"tyb{tag[1]}" not in links, links
 
 
+@pytest.mark.slow  # 7 s of a pytest run: the full suite's, not the quick loop's
 def test_the_cuda_tests_check_keeps_pytests_whole_report_in_its_folder(tmp_path, monkeypatch):
     """The table has room for three failures; the check's folder (kept and named when it fails) holds the
     whole report, tracebacks and durations, for whoever reads it on the GPU host afterwards."""

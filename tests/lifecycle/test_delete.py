@@ -310,6 +310,7 @@ def test_a_worker_whose_running_job_is_deleted_under_it_stops_and_leaves_nothing
         engine.dispose()
 
 
+@pytest.mark.slow  # 6 s of CLI processes: the full suite's, not the quick loop's
 def test_the_cli_pins_unpins_and_deletes(service):
     import subprocess
     import sys

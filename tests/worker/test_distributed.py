@@ -95,6 +95,7 @@ def test_a_stopped_two_rank_job_checkpoints_and_resumes_exactly(tmp_path):
             assert e["train_loss"] == pytest.approx(last[e["epoch"]], abs=0)
 
 
+@pytest.mark.slow  # 5-6 s of two ranks: the full suite's, not the quick loop's
 def test_a_rank_that_dies_ends_the_job_and_no_rank_is_left(tmp_path):
     spec = {**tiny_job(epochs=10000, batch_size=8), "devices": 2}
     p = JobProcess(plan_for(tmp_path, spec, ranks=("cpu", "cpu")))
@@ -107,6 +108,7 @@ def test_a_rank_that_dies_ends_the_job_and_no_rank_is_left(tmp_path):
     assert not p.proc.is_alive()
 
 
+@pytest.mark.slow  # 5-6 s of two ranks: the full suite's, not the quick loop's
 def test_killing_rank_0_takes_the_other_ranks_with_it(tmp_path):
     spec = {**tiny_job(epochs=10000, batch_size=8), "devices": 3}
     p = JobProcess(plan_for(tmp_path, spec, ranks=("cpu", "cpu", "cpu")))
@@ -173,6 +175,7 @@ def test_a_host_whose_ranks_vanish_fails_the_others_as_infrastructure_not_at_the
     assert time.monotonic() - t0 < distributed.REASON_WAIT_S + 10
 
 
+@pytest.mark.slow  # 5-6 s of two ranks: the full suite's, not the quick loop's
 def test_a_rendezvous_address_that_is_not_rank_0s_fails_the_run_as_infrastructure_naming_it(tmp_path):
     spec = {**tiny_job(epochs=3, batch_size=16), "devices": 2}
     master = f"192.0.2.1:{free_port()}"  # TEST-NET-1: no host here has it, nothing answers there

@@ -233,6 +233,7 @@ def test_stored_spec_keeps_only_the_fields_that_apply():
     assert train_spec(keep="best").model_dump(mode="json")["train"]["keep_metric"] == "val_loss"
 
 
+@pytest.mark.slow  # 8 s: the full suite's, not the quick loop's
 def test_through_the_service_an_early_stopped_job_succeeds_with_its_best_epoch(service):
     service.start_worker("cpu")
     body = {**TRAIN_EXAMPLE, "train": {**TRAIN_EXAMPLE["train"], "epochs": 60, "eval_every": 2, "keep": "best",

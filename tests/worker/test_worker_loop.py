@@ -31,6 +31,7 @@ def run_burst(settings, **kw) -> Worker:
     return worker
 
 
+@pytest.mark.slow  # 12 s of jobs run to each ending: the full suite's, not the quick loop's
 def test_burst_runs_every_kind_of_ending_then_stops(settings):
     settings.ensure_dirs()
     ok = submit(settings, tiny_job(epochs=3))
@@ -59,6 +60,7 @@ def test_burst_runs_every_kind_of_ending_then_stops(settings):
     assert "job process pid" in log and "memory budget" in log and "peak memory" in log
 
 
+@pytest.mark.slow  # 17 s: the full suite's, not the quick loop's
 def test_max_jobs_and_a_worker_that_is_shut_down_mid_job(settings):
     settings.ensure_dirs()
     first, second = submit(settings, tiny_job()), submit(settings, tiny_job())
@@ -82,6 +84,7 @@ def test_max_jobs_and_a_worker_that_is_shut_down_mid_job(settings):
     assert "requeued without using an attempt" in settings.layout.log(long).read_text()
 
 
+@pytest.mark.slow  # 6 s: the full suite's, not the quick loop's
 def test_every_statement_the_worker_sends_is_marked_on_the_network(settings):
     """A running job's LeaseWatch (worker/supervisor/supervise.py) stops it when its host is cut off only if the
     call its supervisor hangs in is marked (Worker.on_the_network): one unmarked statement, the housekeeping's
