@@ -27,6 +27,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -161,6 +162,7 @@ def main() -> None:
         results, walls, service_threads = measure(svc, cases, rounds, args.quick, args.device, counts)
     finally:
         svc.stop()
+        shutil.rmtree(tmp, ignore_errors=True)  # 86 MB a run: gpu-check runs it on every check
     print(f"\n{os.cpu_count()} cores, torch {torch.__version__}, device {args.device}, {datetime.date.today()}, "
           f"median of {rounds} interleaved round(s), loops at their best of threads {counts}, {load_note()}\n")
     print_table(results, walls, service_threads, cases)
