@@ -27,11 +27,9 @@ import argparse
 import datetime
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,7 +37,7 @@ import torch
 
 from bench import flops
 from bench.cases import CASES, GROUPS, TARGETS, YARDSTICKS, expand, spec_for
-from bench.common import PROD_ENV, ROOT, iso_s, load_note
+from bench.common import ROOT, iso_s, load_note, service
 from bench.loops import model_switches, numerics
 from trainyard.app.core.states import TERMINAL, JobState
 from trainyard.app.launcher import Service
@@ -155,14 +153,8 @@ def main() -> None:
     cases = {case: [loop for loop in YARDSTICKS[case] if only is None or loop in only] for case in names}
     rounds = 1 if args.quick else args.rounds
     counts = thread_counts(args.device, args.threads)
-    tmp = Path(tempfile.mkdtemp(prefix="trainyard-bench-"))
-    svc = Service.isolated(tmp / "data", env=PROD_ENV).start_server()
-    svc.start_worker(args.device)
-    try:
+    with service(workers=1, device=args.device) as svc:  # its data dir goes with it: 86 MB a run
         results, walls, service_threads = measure(svc, cases, rounds, args.quick, args.device, counts)
-    finally:
-        svc.stop()
-        shutil.rmtree(tmp, ignore_errors=True)  # 86 MB a run: gpu-check runs it on every check
     print(f"\n{os.cpu_count()} cores, torch {torch.__version__}, device {args.device}, {datetime.date.today()}, "
           f"median of {rounds} interleaved round(s), loops at their best of threads {counts}, {load_note()}\n")
     print_table(results, walls, service_threads, cases)
