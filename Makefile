@@ -18,13 +18,12 @@ endef
 # $(1) what is installed, $(2) GB it takes where the venv is, $(3) GB pip unpacks under TMPDIR (same disk: the sum),
 # $(4) a command that succeeds where it is installed already (no check then).
 define need_space
-	@$(if $(4),$(4) >/dev/null 2>&1 && exit 0;) venv_fs=$$(df -P $(VENV) | awk 'NR==2 {print $$1}'); tmp_fs=$$(df -P $${TMPDIR:-/tmp} | awk 'NR==2 {print $$1}'); \
-	need=$(2); [ "$$venv_fs" = "$$tmp_fs" ] && need=$$(($(2) + $(3))); \
-	free=$$(df -Pk $(VENV) | awk 'NR==2 {print int($$4 / 1048576)}'); \
-	tmp_free=$$(df -Pk $${TMPDIR:-/tmp} | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	@$(if $(4),$(4) >/dev/null 2>&1 && exit 0;) tmp=$${TMPDIR:-/tmp}; \
+	set -- $$(df -Pk $(VENV) "$$tmp" | awk 'NR > 1 {print $$1, int($$4 / 1048576)}'); \
+	venv_fs=$$1 free=$$2 tmp_fs=$$3 tmp_free=$$4 need=$(2); [ "$$venv_fs" = "$$tmp_fs" ] && need=$$(($(2) + $(3))); \
 	if [ "$$free" -lt "$$need" ] || [ "$$tmp_free" -lt $(3) ]; then \
-	  echo "$(1) needs about $(2) GB in $(VENV) and $(3) GB under $${TMPDIR:-/tmp} while pip installs it:" >&2; \
-	  echo "$$free GB free where $(VENV) is, $$tmp_free GB under $${TMPDIR:-/tmp}. Free some space (other checkouts' .venv)," >&2; \
+	  echo "$(1) needs about $(2) GB in $(VENV) and $(3) GB under $$tmp while pip installs it:" >&2; \
+	  echo "$$free GB free where $(VENV) is, $$tmp_free GB under $$tmp. Free some space (other checkouts' .venv)," >&2; \
 	  echo "or point TMPDIR at a disk with room." >&2; exit 1; fi
 endef
 
